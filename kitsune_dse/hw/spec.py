@@ -1,0 +1,228 @@
+"""GPU hardware specs: a pydantic schema with units in every field name.
+
+A spec file is YAML; a value may be a plain SI number or a string with a unit whose dimension
+must match the field's suffix (`_Bps` bytes/s, `_bytes` bytes, `_Hz` hertz, `_s` seconds,
+`_flop_per_s` FLOP/s). Unknown fields, missing required fields, non-positive counts and
+bandwidths, and wrong unit suffixes are one-line errors naming the file and field.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
+                      field_validator)
+
+from kitsune_dse import resources
+from kitsune_dse.errors import KitsuneError, closest
+from kitsune_dse.units import UnitError, parse_quantity
+from kitsune_dse.yamlio import read_yaml
+
+Pos = Annotated[float, Field(gt=0)]
+Frac = Annotated[float, Field(gt=0, le=1)]
+
+
+def _dimension(field_name: str) -> str:
+    for suffix, dim in (("_flop_per_s", "flop_per_s"), ("_Bps", "bytes_per_s"),
+                        ("_bytes", "bytes"), ("_Hz", "hz"), ("_s", "seconds")):
+        if field_name.endswith(suffix):
+            return dim
+    return "count"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _units(cls, v, info: ValidationInfo):
+        name = info.field_name or ""
+        if isinstance(v, dict):
+            dim = _dimension(name)
+            return {k: (parse_quantity(x, dim) if isinstance(x, str) else x) for k, x in v.items()}
+        if isinstance(v, str) and _dimension(name) != "count":
+            try:
+                return parse_quantity(v, _dimension(name))
+            except UnitError as e:
+                raise ValueError(str(e)) from None
+        if isinstance(v, str) and name in _NUMERIC_FIELDS:
+            try:
+                return parse_quantity(v, "fraction" if name in _FRACTION_FIELDS else "count")
+            except UnitError as e:
+                raise ValueError(str(e)) from None
+        return v
+
+
+class Efficiency(_Strict):
+    """Fractions of datasheet peaks that real kernels reach; `calibrate` fits them."""
+    tensor_core: Frac = 0.75      # of dense tensor-core peak, a well-tuned GEMM tile (cuBLAS ~0.76 on H100)
+    simt: Frac = 0.75             # of SIMT FP32 peak
+    hbm: Frac = 0.87              # saturated streaming bandwidth over datasheet (H100: 2.9 of 3.35 TB/s)
+    l2: Frac = 0.7                # of l2_bandwidth_Bps for L2-resident operands
+    l2_usable_fraction: Frac = 0.75  # share of L2 that reliably keeps data between kernels / for queues
+    hbm_saturation_exponent: Pos = 3.0  # p in B(s) = ((s*b_sm)^-p + B_max^-p)^(-1/p)
+    small_gemm_k_ref: Annotated[float, Field(ge=0)] = 0.0  # K below which tile efficiency drops (0: off)
+
+
+_NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
+                   "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
+                   "hbm_saturation_exponent", "small_gemm_k_ref"}
+_FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction"}
+
+
+class Calibration(BaseModel):
+    """Provenance of a calibrated spec (free-form, recorded by `calibrate`)."""
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class HwSpec(_Strict):
+    name: str
+    full_name: str
+    vendor: str = "NVIDIA"
+    arch: str                                   # e.g. sm_90
+    sm_count: Annotated[int, Field(gt=0)]
+    sm_clock_Hz: Pos                            # boost clock the peaks are quoted at
+    tensor_peak_flop_per_s: dict[str, Pos]      # dense, whole GPU, per input dtype
+    simt_peak_flop_per_s: dict[str, Pos]        # whole GPU, per dtype (fp32, fp64, fp16)
+    hbm_bytes: Pos
+    hbm_bandwidth_Bps: Pos
+    hbm_per_sm_bandwidth_Bps: Pos               # what one SM can pull from DRAM (H100: ~38 GB/s)
+    l2_bytes: Pos
+    l2_bandwidth_Bps: Pos
+    l2_per_sm_bandwidth_Bps: Pos                # one SM's share of L2 bandwidth (H100: ~80 GB/s)
+    smem_per_sm_bytes: Pos
+    smem_per_cta_max_bytes: Pos
+    registers_per_sm: Annotated[int, Field(gt=0)]
+    max_ctas_per_sm: Annotated[int, Field(gt=0)]
+    max_threads_per_sm: Annotated[int, Field(gt=0)]
+    launch_overhead_s: Pos                      # host time to issue one kernel eagerly
+    graph_launch_overhead_s: Pos                # device gap per kernel node in a CUDA graph
+    kernel_gap_s: Pos                           # device gap between dependent eager kernels
+    sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
+    sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
+    efficiency: Efficiency = Efficiency()
+    calibration: Calibration | None = None
+    sources: list[str] = []
+
+    @field_validator("tensor_peak_flop_per_s", "simt_peak_flop_per_s")
+    @classmethod
+    def _dtypes(cls, v):
+        from kitsune_dse.graph.ir import DTYPE_BYTES
+        for k in v:
+            if k not in DTYPE_BYTES:
+                raise ValueError(f"unknown dtype {k!r}{closest(k, DTYPE_BYTES)}")
+        return v
+
+    # -- derived figures the cost models use ---------------------------------------------------
+    def tensor_rate_per_sm(self, dtype: str) -> float:
+        """Achievable tensor-core FLOP/s of one SM for this input dtype."""
+        rate = self.tensor_peak_flop_per_s.get(dtype)
+        if rate is None:
+            rate = self.tensor_peak_flop_per_s.get("fp16") if dtype == "bf16" else None
+        if rate is None:
+            return self.simt_rate_per_sm(dtype)
+        return rate * self.efficiency.tensor_core / self.sm_count
+
+    def simt_rate_per_sm(self, dtype: str) -> float:
+        r = self.simt_peak_flop_per_s
+        rate = r.get(dtype) or r.get("fp32") or next(iter(r.values()))
+        return rate * self.efficiency.simt / self.sm_count
+
+    def hbm_bandwidth_from(self, sms):
+        """HBM bandwidth reachable from `sms` SMs: linear at first, saturating at the chip's
+        achievable maximum (a smooth minimum of the two, fitted to H100 measurements)."""
+        import numpy as np
+        s = np.asarray(sms, dtype=float)
+        p = self.efficiency.hbm_saturation_exponent
+        bmax = self.hbm_bandwidth_Bps * self.efficiency.hbm
+        lin = np.maximum(s, 1e-9) * self.hbm_per_sm_bandwidth_Bps
+        out = (lin ** -p + bmax ** -p) ** (-1.0 / p)
+        return out if out.ndim else float(out)
+
+    def l2_bandwidth_from(self, sms):
+        import numpy as np
+        s = np.asarray(sms, dtype=float)
+        p = self.efficiency.hbm_saturation_exponent
+        bmax = self.l2_bandwidth_Bps * self.efficiency.l2
+        lin = np.maximum(s, 1e-9) * self.l2_per_sm_bandwidth_Bps
+        out = (lin ** -p + bmax ** -p) ** (-1.0 / p)
+        return out if out.ndim else float(out)
+
+    @property
+    def l2_usable_bytes(self) -> float:
+        return self.l2_bytes * self.efficiency.l2_usable_fraction
+
+    def content_hash(self) -> str:
+        blob = json.dumps(self.model_dump(mode="json"), sort_keys=True).encode()
+        return hashlib.sha256(blob).hexdigest()[:16]
+
+
+def _one_line(e: ValidationError, where: str) -> KitsuneError:
+    err = e.errors()[0]
+    loc = ".".join(str(x) for x in err["loc"])
+    typ = err["type"]
+    if typ == "extra_forbidden":
+        fields = list(HwSpec.model_fields) + list(Efficiency.model_fields)
+        msg = f"unknown field {loc!r}{closest(str(err['loc'][-1]), fields)}"
+    elif typ == "missing":
+        msg = f"missing required field {loc!r}"
+    else:
+        m = err["msg"].removeprefix("Value error, ")
+        msg = f"field {loc!r}: {m} (got {err.get('input')!r})"
+    more = len(e.errors()) - 1
+    return KitsuneError(msg + (f" (and {more} more problem{'s' * (more > 1)})" if more else ""),
+                        where=where)
+
+
+def spec_from_dict(data: object, where: str) -> HwSpec:
+    if not isinstance(data, dict):
+        raise KitsuneError("a hardware spec must be a YAML mapping of fields", where=where)
+    try:
+        return HwSpec.model_validate(data)
+    except ValidationError as e:
+        raise _one_line(e, where) from None
+
+
+def list_specs() -> dict[str, Path]:
+    return resources.hw_specs()
+
+
+def resolve_spec_path(ref: str) -> Path:
+    p = Path(ref)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.exists():
+            raise KitsuneError("hardware spec file not found", where=str(p))
+        return p
+    specs = list_specs()
+    if ref not in specs:
+        raise KitsuneError(f"unknown hardware spec {ref!r}{closest(ref, specs)}; "
+                           f"`kitsune-dse hw list` shows the shipped ones")
+    return specs[ref]
+
+
+def load_spec(ref: str | Path | HwSpec) -> HwSpec:
+    """A spec by shipped name (e.g. 'h100-sxm') or YAML path."""
+    if isinstance(ref, HwSpec):
+        return ref
+    path = resolve_spec_path(str(ref))
+    return spec_from_dict(read_yaml(path), str(path))
+
+
+def spec_with_overrides(spec: HwSpec, overrides: dict[str, str]) -> HwSpec:
+    """What-if hardware: FIELD=VALUE (dotted for efficiency.*), units accepted."""
+    data = spec.model_dump(mode="python")
+    for key, value in overrides.items():
+        node = data
+        parts = key.split(".")
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                raise KitsuneError(f"--hw-set {key}: unknown field {part!r}"
+                                   f"{closest(part, data)}")
+            node = node[part]
+        if parts[-1] not in node:
+            raise KitsuneError(f"--hw-set {key}: unknown field {parts[-1]!r}"
+                               f"{closest(parts[-1], node)}")
+        node[parts[-1]] = value
+    return spec_from_dict(data, "--hw-set")
