@@ -1,0 +1,173 @@
+"""Every strategy applied to a whole model, for `kitsune-dse compare`.
+
+bsp, fusion, tilesync and concurrent apply to the whole graph as one region. The pipeline
+strategy cuts the graph where tiles cannot stream (a gather or full dependency) into segments,
+and pipelines each segment with the best stage split a small exhaustive search finds (stage
+cuts between fused groups, SMs balanced per stage, tile rows, row or split-K queues). The real
+solver (kitsune_dse.search) searches regions and strategies jointly; this is the baseline view.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kitsune_dse.cost.estimate import Estimate, sequential
+from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table)
+from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
+                                         split_sms, tilesync)
+from kitsune_dse.errors import InfeasibleError
+from kitsune_dse.graph.ir import Graph
+from kitsune_dse.hw.spec import HwSpec
+
+TILE_ROWS = (64, 128, 256)
+MAX_STAGES = 4
+MAX_ATOMS_PER_PIPELINE = 6
+
+
+def stream_segments(graph: Graph, ops=None) -> list[tuple[str, ...]]:
+    """Contiguous runs of ops (topological order) between which tiles cannot stream."""
+    names = [o.name for o in graph.ops] if ops is None else list(ops)
+    segs: list[list[str]] = []
+    cur: list[str] = []
+    cur_set: set[str] = set()
+    for o in names:
+        op = graph.op(o)
+        blocked = any(graph.producer(t) in cur_set and not pat.streamable
+                      for t, pat in op.info.patterns.items())
+        if blocked and cur:
+            segs.append(cur)
+            cur, cur_set = [], set()
+        cur.append(o)
+        cur_set.add(o)
+    if cur:
+        segs.append(cur)
+    return [tuple(s) for s in segs]
+
+
+def _compositions(n: int, k: int):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        b = (0,) + cuts + (n,)
+        yield [(b[i], b[i + 1]) for i in range(k)]
+
+
+def balance_sms(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1,
+                total: int | None = None) -> PipelineChoice | None:
+    """Give each stage the SMs that minimise the slowest stage's time per tile."""
+    J = len(choice.stages)
+    total = spec.sm_count if total is None else total
+    if J * step > total:
+        return None
+    probe = PipelineChoice(choice.stages, (max(1, total // J),) * J, choice.tile_rows,
+                           choice.depths, choice.modes)
+    plan = plan_stages(region, spec, probe)
+    tab = stage_time_table(region, spec, plan)
+    if J == 1:
+        return PipelineChoice(choice.stages, (total,), choice.tile_rows, choice.depths, choice.modes)
+    _, split = split_sms([tab[j] for j in range(J)], total, step)
+    if not split:
+        return None
+    return PipelineChoice(choice.stages, tuple(split), choice.tile_rows, choice.depths, choice.modes)
+
+
+@dataclass(frozen=True)
+class PipelineCandidate:
+    region: Region
+    choice: PipelineChoice
+    estimate: Estimate
+
+
+def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages: int = MAX_STAGES,
+                        depths=(2, 4)):
+    """Every stage split of a streamable region (cuts between fused groups), each with balanced
+    SMs, for each tile size, queue mode and depth; infeasible ones are skipped."""
+    g = region.graph
+    atoms = [a for a in fusion_groups(region)]
+    rows_first = g.tensors[g.op(region.ops[0]).outputs[0]].rows
+    tile_opts = sorted({min(t, max(1, rows_first)) for t in TILE_ROWS})
+    out = []
+    for k in range(1, min(max_stages, len(atoms)) + 1):
+        for comp in _compositions(len(atoms), k):
+            stages = tuple(tuple(o for a in atoms[lo:hi] for o in a) for lo, hi in comp)
+            stages = tuple(tuple(sorted(s, key=g.index)) for s in stages)
+            mode_sets = [("row",) * (k - 1)]
+            if k > 1:
+                mode_sets.append(tuple("split_k" for _ in range(k - 1)))
+            tiles = tile_opts if k > 1 else [max(1, rows_first)]
+            for tile_rows in tiles:
+                for modes in mode_sets:
+                    for depth in (depths if k > 1 else (1,)):
+                        base = PipelineChoice(stages, (1,) * k, tile_rows, (depth,) * (k - 1), modes)
+                        try:
+                            ch = balance_sms(region, spec, base, step)
+                            if ch is None:
+                                continue
+                            est = pipeline(region, spec, ch)
+                        except InfeasibleError:
+                            continue
+                        out.append(PipelineCandidate(region, ch, est))
+    return out
+
+
+def best_pipeline(region: Region, spec: HwSpec, step: int = 1) -> PipelineCandidate | None:
+    cands = pipeline_candidates(region, spec, step)
+    if not cands:
+        return None
+    return min(cands, key=lambda c: (c.estimate.latency_s, c.estimate.dram_bytes))
+
+
+def whole_model_pipeline(graph: Graph, spec: HwSpec, step: int = 1) -> tuple[Estimate, list]:
+    """Pipeline every streamable segment (long ones in windows of a few fused groups)."""
+    parts, chosen = [], []
+    for seg in stream_segments(graph):
+        region = Region.of(graph, seg)
+        atoms = fusion_groups(region)
+        windows = [atoms[i:i + MAX_ATOMS_PER_PIPELINE]
+                   for i in range(0, len(atoms), MAX_ATOMS_PER_PIPELINE)]
+        for win in windows:
+            sub = Region.of(graph, [o for a in win for o in a])
+            best = best_pipeline(sub, spec, step)
+            if best is None:
+                est = fusion(sub, spec)
+                chosen.append(("fusion", sub.ops, None))
+            else:
+                est = best.estimate
+                chosen.append(("pipeline", sub.ops, best.choice))
+            parts.append(est)
+    total = sequential(parts, strategy="pipeline",
+                       regions=[{"strategy": s, "ops": list(o),
+                                 "stages": [list(x) for x in c.stages] if c else None,
+                                 "sms": list(c.sms) if c else None} for s, o, c in chosen])
+    return total, chosen
+
+
+def compare(graph: Graph, spec: HwSpec) -> dict[str, Estimate]:
+    """Whole model under each strategy (bsp with CUDA-graph launches; bsp-eager for reference)."""
+    region = Region.of(graph)
+    out = {
+        "bsp": bsp(region, spec),
+        "bsp-eager": bsp(region, spec, LaunchChoice("eager")),
+        "fusion": fusion(region, spec),
+        "tilesync": tilesync(region, spec),
+        "concurrent": concurrent(region, spec),
+    }
+    out["pipeline"] = whole_model_pipeline(graph, spec)[0]
+    return out
+
+
+def compare_rows(results: dict[str, Estimate]) -> list[dict]:
+    base = results["bsp"]
+    rows = []
+    for name, e in results.items():
+        rows.append({
+            "strategy": name, "latency_s": e.latency_s, "dram_read_bytes": e.dram_read_bytes,
+            "dram_write_bytes": e.dram_write_bytes, "dram_bytes": e.dram_bytes,
+            "kernel_launches": e.kernel_launches,
+            "speedup_vs_bsp": base.latency_s / e.latency_s if e.latency_s > 0 else math.inf,
+            "dram_change_vs_bsp": (e.dram_bytes / base.dram_bytes - 1.0) if base.dram_bytes else 0.0,
+            "sm_busy_fraction": e.sm_busy_fraction,
+        })
+    return rows

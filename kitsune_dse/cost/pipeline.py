@@ -1,0 +1,314 @@
+"""Kitsune spatial pipeline: stages on disjoint SM shares, persistent CTAs, row-block tiles
+through ring queues in L2, timed by the queue-occupancy model.
+
+Tiles are row-blocks of `tile_rows` rows of the stream (N = ceil(rows / tile_rows) of them).
+A queue in 'row' mode hands over whole row-blocks: a consumer that reduces over the producer's
+columns (a GEMM's K) waits for the full row-block. In 'split_k' mode (Kitsune's reduction-
+dimension parallelism) the producer publishes each row-block in `slabs` column slabs and the
+consumer GEMM accumulates its partial sums slab by slab, so hand-offs are finer (N * slabs
+sub-tiles) at the price of more flag hand-offs.
+
+DRAM: region inputs are read and region outputs written once; queue slots live in L2 (the part
+of the queues beyond the usable L2 spills: written and read back through DRAM); each stage's
+weights are read once if they fit the L2 left beside the queues, else once per row-block (a
+stage sees every weight again for every row-block it processes).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.queues import simulate
+from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, best_gemm_tile, gemm_tiles,
+                                       split_k_partials_bytes)
+from kitsune_dse.errors import InfeasibleError
+from kitsune_dse.graph.ir import OpClass
+from kitsune_dse.hw.spec import HwSpec
+
+SPLIT_K_SLAB_COLS = 512
+
+
+@dataclass(frozen=True)
+class PipelineChoice:
+    stages: tuple[tuple[str, ...], ...]
+    sms: tuple[int, ...]
+    tile_rows: int = 128
+    depths: tuple[int, ...] = ()        # ring slots per queue; default 2
+    modes: tuple[str, ...] = ()         # 'row' or 'split_k' per queue; default 'row'
+
+    def normalized(self) -> "PipelineChoice":
+        q = len(self.stages) - 1
+        return PipelineChoice(tuple(tuple(s) for s in self.stages), tuple(int(x) for x in self.sms),
+                              int(self.tile_rows), tuple(self.depths) or (2,) * q,
+                              tuple(self.modes) or ("row",) * q)
+
+
+@dataclass(frozen=True)
+class StagePlan:
+    """Derived facts of a checked pipeline choice, shared by the estimate and the harness."""
+    choice: PipelineChoice
+    stream_rows: int
+    row_blocks: int
+    slabs: int
+    queue_tensors: tuple[tuple[str, ...], ...]     # per queue: tensors crossing it
+    slot_bytes: tuple[float, ...]                   # per queue: bytes of one ring slot
+    stage_weights: tuple[float, ...]                # per stage: weight bytes
+    stage_inputs: tuple[float, ...]                 # per stage: bytes of region inputs it reads
+    stage_outputs: tuple[float, ...]                # per stage: bytes of region outputs it writes
+    notes: dict = field(default_factory=dict)
+
+
+def _stage_of(choice: PipelineChoice) -> dict[str, int]:
+    return {o: j for j, st in enumerate(choice.stages) for o in st}
+
+
+def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePlan:
+    """Check a pipeline choice and derive its queues; InfeasibleError names stage and resource."""
+    c = choice.normalized()
+    g = region.graph
+    J = len(c.stages)
+    where = _stage_of(c)
+    if J == 0 or any(not st for st in c.stages):
+        raise InfeasibleError("a pipeline needs at least one stage and no empty stage")
+    covered = [o for st in c.stages for o in st]
+    if sorted(covered) != sorted(region.ops) or len(set(covered)) != len(covered):
+        missing = sorted(set(region.ops) - set(covered))
+        extra = sorted(set(covered) - set(region.ops))
+        dup = sorted({o for o in covered if covered.count(o) > 1})
+        raise InfeasibleError("pipeline stages must cover each op of the region once: "
+                              + "; ".join(x for x in (f"missing {missing}" if missing else "",
+                                                      f"not in region {extra}" if extra else "",
+                                                      f"in two stages {dup}" if dup else "") if x))
+    if len(c.sms) != J:
+        raise InfeasibleError(f"{J} stages but {len(c.sms)} SM counts")
+    for j, s in enumerate(c.sms):
+        if s < 1:
+            raise InfeasibleError(f"stage {j} ({'+'.join(c.stages[j])}) has {s} SMs; it needs at least 1")
+    if sum(c.sms) > spec.sm_count:
+        raise InfeasibleError(f"stages use {sum(c.sms)} SMs ({'/'.join(map(str, c.sms))}) but "
+                              f"{spec.name} has {spec.sm_count}")
+    if len(c.depths) != J - 1 or any(d < 1 for d in c.depths):
+        raise InfeasibleError(f"{J - 1} queues need depths >= 1, got {list(c.depths)}")
+    if c.tile_rows < 1:
+        raise InfeasibleError(f"tile_rows must be >= 1, got {c.tile_rows}")
+    queue_tensors: list[list[str]] = [[] for _ in range(J - 1)]
+    for o in region.ops:
+        op = g.op(o)
+        for t, pat in op.info.patterns.items():
+            p = g.producer(t)
+            if p is None or p not in region.op_set:
+                continue
+            jp, jc = where[p], where[o]
+            if jp > jc:
+                raise InfeasibleError(f"stage {jc} ({o}) needs {t!r} from later stage {jp} ({p}): "
+                                      f"stages must follow the data flow")
+            if jp < jc and not pat.streamable:
+                raise InfeasibleError(f"stage {jc} ({o}) needs all of {t!r} from stage {jp} "
+                                      f"(a {pat.value} dependency), so tiles cannot stream between "
+                                      f"them; cut the region there")
+            for q in range(jp, jc):
+                if t not in queue_tensors[q]:
+                    queue_tensors[q].append(t)
+    for q, mode in enumerate(c.modes):
+        if mode not in ("row", "split_k"):
+            raise InfeasibleError(f"queue {q}: mode {mode!r} is not 'row' or 'split_k'")
+        if mode == "split_k":
+            first = g.op(c.stages[q + 1][0])
+            if first.info.op_class is not OpClass.GEMM or first.inputs[0] not in queue_tensors[q]:
+                raise InfeasibleError(f"queue {q}: split_k needs stage {q + 1} to start with a GEMM "
+                                      f"that reduces over the queued tensor")
+    first_out = g.tensors[g.op(c.stages[0][0]).outputs[0]]
+    rows = max(1, first_out.rows if len(first_out.shape) > 1 else first_out.numel)
+    N = math.ceil(rows / c.tile_rows)
+    slabs = 1
+    for q, mode in enumerate(c.modes):
+        if mode == "split_k":
+            k = g.op(c.stages[q + 1][0]).info.gemm.k
+            slabs = max(slabs, min(16, math.ceil(k / SPLIT_K_SLAB_COLS)))
+    slot = tuple(sum(g.tensors[t].nbytes for t in ts) / N for ts in queue_tensors)
+    weights, ins, outs = [], [], []
+    for st in c.stages:
+        sset = set(st)
+        w = i = 0.0
+        seen = set()
+        for o in st:
+            for t, b in g.op(o).info.read_bytes.items():
+                if t in seen or g.producer(t) in region.op_set:
+                    continue
+                seen.add(t)
+                if t in g.weights:
+                    w += b
+                else:
+                    i += b
+        ob = sum(g.tensors[t].nbytes for t in region.outputs if g.producer(t) in sset)
+        weights.append(w)
+        ins.append(i)
+        outs.append(float(ob))
+    return StagePlan(c, rows, N, slabs, tuple(tuple(x) for x in queue_tensors), slot,
+                     tuple(weights), tuple(ins), tuple(outs))
+
+
+def _resident_weights(plan: StagePlan, budget: float) -> list[bool]:
+    """Which stages keep their weights in L2 (smallest first, as long as they fit)."""
+    left = budget
+    res = [False] * len(plan.stage_weights)
+    for j in sorted(range(len(res)), key=lambda k: plan.stage_weights[k]):
+        w = plan.stage_weights[j]
+        if plan.row_blocks == 1 or w <= left:
+            res[j] = True
+            left -= w if plan.row_blocks > 1 else 0.0
+    return res
+
+
+def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
+               k_streamed: bool = False, row_blocks: int = 1) -> KernelWork:
+    """One hand-off unit of a stage's fused group. A GEMM fed slab by slab through a split_k
+    queue keeps every output tile of its row-block busy on each slab (tiles per row-block); any
+    other GEMM covers a 1/units share of its output tiles per unit, adding its own split-K when
+    that leaves too few tiles."""
+    g = region.graph
+    infos = [g.op(o).info for o in atom]
+    tensor = sum(i.flops for i in infos if i.unit == "tensor") / units
+    simt = sum(i.flops for i in infos if i.unit == "simt") / units
+    dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
+    gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
+    name = "+".join(atom)
+    if gemms:
+        o, gi = max(gemms, key=lambda x: x[1].flops)
+        dtype = g.tensors[g.op(o).inputs[0]].dtype
+        gd = gi.gemm
+
+        def make(tile, ks):
+            per = row_blocks if k_streamed else units
+            extra = split_k_partials_bytes(gd.batch, gd.m, gd.n, ks) / units
+            return KernelWork(name, dtype, tensor, simt, d_r / units, d_w / units, l2 / units + extra,
+                              max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * ks,
+                              1, tile, ks)
+        return best_gemm_tile(make, spec, sms, None if k_streamed else gd.k)[0]
+    moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
+    return KernelWork(name, dtype, tensor, simt, d_r / units, d_w / units, l2 / units,
+                      max(1, math.ceil(moved / units / MEM_TILE_BYTES)), 1)
+
+
+def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
+    """Per stage, the KernelWork of each of its fused groups for one hand-off unit (a
+    row-block, or one slab of it): a stage runs its groups one after another on every unit.
+    Also the region's DRAM totals (read, write, weight re-reads, queue spill)."""
+    from kitsune_dse.cost.strategies import fusion_groups
+    g = region.graph
+    c = plan.choice
+    sms = c.sms if sms is None else sms
+    N, slabs = plan.row_blocks, plan.slabs
+    units = N * slabs
+    queue_bytes = sum(d * s for d, s in zip(c.depths, plan.slot_bytes))
+    budget = spec.l2_usable_bytes
+    spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
+    resident = _resident_weights(plan, max(0.0, budget - min(queue_bytes, budget)))
+    out = []
+    tot_r = tot_w = reread = spill = 0.0
+    for j, st in enumerate(c.stages):
+        q_in = plan.slot_bytes[j - 1] if j > 0 else 0.0
+        q_out = plan.slot_bytes[j] if j < len(c.stages) - 1 else 0.0
+        spill += spill_frac * q_out * N * 2
+        reread += plan.stage_weights[j] * (0 if resident[j] else N - 1)
+        sub = Region.of(g, st)
+        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
+        atoms = atoms or [tuple(st)]
+        works = []
+        for k, atom in enumerate(atoms):
+            aset = set(atom)
+            d_r = d_w = l2 = 0.0
+            seen = set()
+            for o in atom:
+                for t, b in g.op(o).info.read_bytes.items():
+                    if t in seen or g.producer(t) in aset:
+                        continue
+                    seen.add(t)
+                    p = g.producer(t)
+                    if p is None or p not in region.op_set:       # region input or weight
+                        if t in g.weights:
+                            d_r += b * (1 if resident[j] else N)
+                            l2 += b * N if resident[j] and N > 1 else 0.0
+                        else:
+                            d_r += b
+                    elif p in sub.op_set:                          # from an earlier group of the stage
+                        l2 += b
+                    else:                                          # through an input queue
+                        d_r += spill_frac * b
+                        l2 += (1 - spill_frac) * b
+            for o in atom:
+                for t in g.op(o).outputs:
+                    b = g.tensors[t].nbytes
+                    if t in region.outputs:
+                        d_w += b
+                    cons = [x for x in g.consumers(t) if x in region.op_set and x not in aset]
+                    if any(x in sub.op_set for x in cons):
+                        l2 += b
+                    if any(x not in sub.op_set for x in cons):    # into an output queue
+                        d_w += spill_frac * b
+                        l2 += (1 - spill_frac) * b
+            tot_r += d_r
+            tot_w += d_w
+            k_streamed = (k == 0 and j > 0 and plan.slabs > 1 and c.modes[j - 1] == "split_k")
+            works.append(_atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N))
+        out.append(works)
+    return out, {"dram_read_bytes": tot_r, "dram_write_bytes": tot_w, "weight_reread_bytes": reread,
+                 "queue_bytes": queue_bytes, "queue_spill_bytes": spill,
+                 "weights_resident": resident}
+
+
+def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms):
+    """One hand-off unit through a stage: its groups back to back, a barrier between them."""
+    from kitsune_dse.cost.roofline import kernel_time
+    return sum(kernel_time(w, spec, sms) for w in works) + (len(works) - 1) * spec.sync_latency_s
+
+
+def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
+    plan = plan_stages(region, spec, choice)
+    c = plan.choice
+    works, totals = stage_works(region, spec, plan)
+    units = plan.row_blocks * plan.slabs
+    t = np.array([stage_unit_time(w, spec, s) for w, s in zip(works, c.sms)])
+    sim = simulate(np.repeat(t[:, None], units, axis=1), [d * plan.slabs for d in c.depths],
+                   spec.sync_latency_s)
+    used = sum(c.sms)
+    dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
+    bw_bound = dram / spec.hbm_bandwidth_from(used)
+    latency = max(sim.makespan_s, bw_bound) + spec.graph_launch_overhead_s
+    busy = float(sum(t[j] * units * c.sms[j] for j in range(len(t))))
+    return Estimate(
+        latency_s=latency, dram_read_bytes=totals["dram_read_bytes"],
+        dram_write_bytes=totals["dram_write_bytes"],
+        l2_bytes=min(totals["queue_bytes"], spec.l2_usable_bytes), kernel_launches=1,
+        sm_busy_fraction=min(1.0, busy / (latency * spec.sm_count)), flops=region.flops,
+        breakdown={"strategy": "pipeline", "stages": [list(s) for s in c.stages],
+                   "sms": list(c.sms), "tile_rows": c.tile_rows, "depths": list(c.depths),
+                   "modes": list(c.modes), "row_blocks": plan.row_blocks, "slabs": plan.slabs,
+                   "stage_tile_s": t.tolist(), "makespan_s": sim.makespan_s,
+                   "dram_bound_s": bw_bound, "fill_s": sim.fill_s, "drain_s": sim.drain_s,
+                   "period_s": sim.period_s, "bottleneck_stage": sim.bottleneck_stage,
+                   "stall_s": sim.stall_s.tolist(), "queue_mean_occupancy": sim.mean_occupancy.tolist(),
+                   "queue_max_occupancy": sim.max_occupancy.tolist(),
+                   "slot_bytes": list(plan.slot_bytes),
+                   "queue_tensors": [list(q) for q in plan.queue_tensors],
+                   **{k: v for k, v in totals.items() if k not in ("dram_read_bytes", "dram_write_bytes")}},
+    ).check()
+
+
+def stage_time_table(region: Region, spec: HwSpec, plan: StagePlan) -> np.ndarray:
+    """[stages, sm_count + 1] per-unit time of each stage for every SM count (column 0 = inf);
+    the SM count of the plan's choice is ignored. Used by the search to balance stages."""
+    S = spec.sm_count
+    axis = np.arange(1, S + 1)
+    works, _ = stage_works(region, spec, plan)
+    rows = []
+    for w in works:
+        tab = np.empty(S + 1)
+        tab[0] = np.inf
+        tab[1:] = stage_unit_time(w, spec, axis)
+        rows.append(tab)
+    return np.vstack(rows)

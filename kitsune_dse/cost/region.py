@@ -1,0 +1,177 @@
+"""Regions of a graph and the kernels they launch.
+
+A Region is a convex set of ops run by one strategy. `kernel_works` turns a sequence of kernels
+(groups of ops launched one after another) into KernelWork records, deciding for every tensor a
+kernel touches whether it crosses DRAM:
+  * graph inputs are read from DRAM (cold caches: the harness flushes L2 between runs);
+  * a weight is read from DRAM by its first kernel, and again by a later kernel only if it was
+    evicted, i.e. if its bytes plus the bytes of the kernels in between exceed the usable L2;
+  * an intermediate passed between kernels is written to and re-read from DRAM unless it fits the
+    usable L2 together with the traffic of the kernels in between; an L2-resident intermediate
+    costs no DRAM bytes (its buffer is overwritten while still in L2) but L2 bandwidth;
+  * region outputs (consumed outside the region, or graph outputs) are always written to DRAM.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+from functools import cached_property
+
+from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, best_gemm_tile, gemm_tiles,
+                                       split_k_partials_bytes)
+from kitsune_dse.graph.ir import Graph, OpClass
+from kitsune_dse.hw.spec import HwSpec
+
+
+@dataclass(frozen=True)
+class Region:
+    graph: Graph
+    ops: tuple[str, ...]
+
+    @staticmethod
+    def of(graph: Graph, ops=None) -> "Region":
+        names = [o.name for o in graph.ops] if ops is None else list(ops)
+        return Region(graph, tuple(sorted(names, key=graph.index)))
+
+    @cached_property
+    def op_set(self) -> frozenset[str]:
+        return frozenset(self.ops)
+
+    @cached_property
+    def produced(self) -> frozenset[str]:
+        return frozenset(t for o in self.ops for t in self.graph.op(o).outputs)
+
+    @cached_property
+    def inputs(self) -> tuple[str, ...]:
+        """Tensors read by the region and not produced inside it (inputs and weights)."""
+        seen: dict[str, None] = {}
+        for o in self.ops:
+            for t in self.graph.op(o).inputs:
+                if t not in self.produced:
+                    seen[t] = None
+        return tuple(seen)
+
+    @cached_property
+    def outputs(self) -> tuple[str, ...]:
+        g = self.graph
+        return tuple(t for o in self.ops for t in g.op(o).outputs
+                     if t in g.outputs or any(c not in self.op_set for c in g.consumers(t)))
+
+    @cached_property
+    def flops(self) -> float:
+        return sum(self.graph.op(o).info.flops for o in self.ops)
+
+    def compulsory_bytes(self) -> tuple[float, float]:
+        """(read, write): every region input once (as its ops read it), every output once."""
+        g = self.graph
+        reads = {}
+        for o in self.ops:
+            for t, b in g.op(o).info.read_bytes.items():
+                if t not in self.produced:
+                    reads[t] = max(reads.get(t, 0), b)
+        writes = sum(g.tensors[t].nbytes for t in self.outputs)
+        return float(sum(reads.values())), float(writes)
+
+
+def _kernel_rw(graph: Graph, group: tuple[str, ...]):
+    """Tensors a fused kernel reads from outside itself and writes for others."""
+    inside = {t for o in group for t in graph.op(o).outputs}
+    reads: dict[str, float] = {}
+    for o in group:
+        for t, b in graph.op(o).info.read_bytes.items():
+            if t not in inside:
+                reads[t] = max(reads.get(t, 0.0), float(b))
+    gs = set(group)
+    writes = {t: float(graph.tensors[t].nbytes) for o in group for t in graph.op(o).outputs
+              if (t in graph.outputs or any(c not in gs for c in graph.consumers(t)))
+              and not graph.op(o).info.is_view}
+    return reads, writes
+
+
+def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sms=None,
+                 ) -> list[KernelWork]:
+    """KernelWork of each kernel of a sequence, with DRAM/L2 decided as the module says.
+    Groups made only of free views launch nothing and are dropped."""
+    g = region.graph
+    sms = spec.sm_count if sms is None else sms
+    groups = [grp for grp in groups if not all(g.op(o).info.is_view for o in grp)]
+    rw = [_kernel_rw(g, grp) for grp in groups]
+    touched = [sum(r.values()) + sum(w.values()) for r, w in rw]
+    prefix = [0.0]
+    for b in touched:
+        prefix.append(prefix[-1] + b)
+    budget = spec.l2_usable_bytes
+    last_touch: dict[str, int] = {}    # tensor -> last kernel index that wrote or read it
+    written_to_dram: set[str] = set()
+    works = []
+    for i, (grp, (reads, writes)) in enumerate(zip(groups, rw)):
+        d_r = l2_r = 0.0
+        for t, b in reads.items():
+            j = last_touch.get(t)
+            between = prefix[i] - prefix[j + 1] if j is not None else math.inf
+            size = float(g.tensors[t].nbytes)
+            if j is not None and size + between <= budget:
+                l2_r += b
+            else:
+                d_r += b
+                if g.is_intermediate(t) or t in g.outputs:
+                    written_to_dram.add(t)
+            last_touch[t] = i
+        d_w = 0.0
+        for t, b in writes.items():
+            last_touch[t] = i
+            if t in region.outputs:
+                d_w += b
+        works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r))
+    # an intermediate evicted before its consumer ran had to be written to DRAM first
+    extra = {}
+    for t in written_to_dram:
+        if t in region.outputs:
+            continue
+        p = g.producer(t)
+        for k, grp in enumerate(groups):
+            if p in grp:
+                extra[k] = extra.get(k, 0.0) + g.tensors[t].nbytes
+    for k, b in extra.items():
+        w = works[k]
+        works[k] = replace(w, dram_write_bytes=w.dram_write_bytes + b)
+    return works
+
+
+def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
+               dram_write: float, l2_read: float) -> KernelWork:
+    """KernelWork for a fused group with the given traffic; a GEMM group picks its CTA tile."""
+    g = region.graph
+    infos = [g.op(o).info for o in group]
+    tensor = sum(i.flops for i in infos if i.unit == "tensor")
+    simt = sum(i.flops for i in infos if i.unit == "simt")
+    gemms = [(o, i) for o, i in zip(group, infos) if i.gemm is not None]
+    dtype = g.tensors[g.op(group[0]).outputs[0]].dtype
+    if gemms:
+        o, i = max(gemms, key=lambda x: x[1].flops)
+        dtype = g.tensors[g.op(o).inputs[0]].dtype
+        gd = i.gemm
+
+        def make(tile, ks):
+            return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,
+                              dram_read_bytes=dram_read, dram_write_bytes=dram_write,
+                              l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
+                              tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
+                              split_k=ks)
+        return best_gemm_tile(make, spec, sms, gd.k)[0]
+    moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
+    tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))
+    return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,
+                      dram_read_bytes=dram_read, dram_write_bytes=dram_write, l2_bytes=l2_read,
+                      tiles=tiles, ctas_per_sm=2)
+
+
+def is_fusible_reduction_owner(region: Region, group: tuple[str, ...]) -> bool:
+    """A row reduction can join a group only if one CTA owns whole rows of its output: no GEMM
+    in the group, or the GEMM's N fits one CTA tile (<= 256 columns)."""
+    g = region.graph
+    for o in group:
+        i = g.op(o).info
+        if i.op_class is OpClass.GEMM and i.gemm is not None and i.gemm.n > 256:
+            return False
+    return True

@@ -1,0 +1,101 @@
+"""Roofline with an SM share.
+
+One kernel (an op or a fused group) described by its KernelWork runs on `sms` SMs:
+  compute  = waves * ctas_per_sm * (tensor FLOP per tile / tensor rate per SM
+                                    + SIMT FLOP per tile / SIMT rate per SM)
+  memory   = DRAM bytes / HBM bandwidth reachable from the SMs in use (saturating curve)
+           + nothing else when L2 reads overlap; L2-resident bytes / L2 bandwidth bound apart
+  latency  = max(compute, dram, l2)
+with waves = ceil(tiles / (sms * ctas_per_sm)): the last wave is quantized. All functions accept
+a NumPy array of SM counts and return arrays, so cost tables over every SM count are one call.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, replace
+
+import numpy as np
+
+from kitsune_dse.hw.spec import HwSpec
+
+GEMM_TILES = ((128, 256), (128, 128), (64, 128), (64, 64))  # (rows, cols) CTA tile candidates
+MEM_TILE_BYTES = 64 * 1024        # bytes a memory-bound CTA streams per work unit
+
+
+@dataclass(frozen=True)
+class KernelWork:
+    """Everything the roofline needs to know about one kernel."""
+    name: str
+    dtype: str
+    tensor_flops: float = 0.0
+    simt_flops: float = 0.0
+    dram_read_bytes: float = 0.0
+    dram_write_bytes: float = 0.0
+    l2_bytes: float = 0.0          # bytes served by L2 (resident operands, queue slots)
+    tiles: int = 1                 # CTA work units
+    ctas_per_sm: int = 1
+    tile_shape: tuple[int, int] | None = None
+    split_k: int = 1
+
+    @property
+    def dram_bytes(self) -> float:
+        return self.dram_read_bytes + self.dram_write_bytes
+
+    def scaled(self, f: float, tiles: int | None = None) -> "KernelWork":
+        """The same kernel on a fraction f of its data (one row-block of a pipeline stage)."""
+        return replace(self, tensor_flops=self.tensor_flops * f, simt_flops=self.simt_flops * f,
+                       dram_read_bytes=self.dram_read_bytes * f,
+                       dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
+                       tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
+
+
+def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
+    """Latency of `work` on `sms` SMs (scalar or array). With parts=True also returns the
+    compute, DRAM and L2 terms and the wave count."""
+    s = np.maximum(np.asarray(sms, dtype=float), 1.0)
+    cps = max(1, work.ctas_per_sm)
+    tiles = max(1, work.tiles)
+    waves = np.ceil(tiles / (s * cps))
+    per_tile = 0.0
+    if work.tensor_flops:
+        per_tile += work.tensor_flops / tiles / spec.tensor_rate_per_sm(work.dtype)
+    if work.simt_flops:
+        per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
+    compute = waves * cps * per_tile
+    used = np.minimum(s, math.ceil(tiles / cps))
+    dram = work.dram_bytes / spec.hbm_bandwidth_from(used) if work.dram_bytes else np.zeros_like(s)
+    l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
+    lat = np.maximum(np.maximum(compute, dram), l2)
+    if np.ndim(sms) == 0:
+        lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
+    if parts:
+        return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves}
+    return lat
+
+
+def gemm_tiles(batch: int, m: int, n: int, tile: tuple[int, int]) -> int:
+    return batch * math.ceil(m / tile[0]) * math.ceil(n / tile[1])
+
+
+SPLIT_K = (1, 2, 4, 8, 16)
+
+
+def best_gemm_tile(work_for_tile, spec: HwSpec, sms, k: int | None = None) -> tuple[KernelWork, float]:
+    """Pick the CTA tile (and split-K factor, for GEMMs with too few output tiles to fill the
+    SMs) with the lowest latency on `sms` SMs, as a GEMM library's heuristic would;
+    `work_for_tile(tile, split_k) -> KernelWork`. Ties go to the larger tile, then no split."""
+    best = None
+    for tile in GEMM_TILES:
+        for ks in SPLIT_K:
+            if ks > 1 and (k is None or k // ks < 256):
+                break
+            w = work_for_tile(tile, ks)
+            t = kernel_time(w, spec, sms)
+            if best is None or t < best[1] * (1 - 1e-9):
+                best = (w, t)
+    return best
+
+
+def split_k_partials_bytes(batch: int, m: int, n: int, ks: int) -> float:
+    """fp32 partial sums written and read back once more per extra K split (L2 traffic)."""
+    return 0.0 if ks <= 1 else 2.0 * batch * m * n * 4 * ks

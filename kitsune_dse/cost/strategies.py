@@ -1,0 +1,272 @@
+"""Execution strategies for a region: bsp, fusion, tilesync and concurrent (pipeline is in
+pipeline.py). Each is a pure function (region, spec, choice) -> Estimate with a breakdown."""
+from __future__ import annotations
+
+import bisect
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.region import Region, is_fusible_reduction_owner, kernel_works
+from kitsune_dse.cost.roofline import KernelWork, kernel_time
+from kitsune_dse.graph.ir import DepPattern, OpClass
+from kitsune_dse.hw.spec import HwSpec
+
+STRATEGIES = ("bsp", "fusion", "tilesync", "concurrent", "pipeline")
+
+
+@dataclass(frozen=True)
+class LaunchChoice:
+    """How kernels are launched: 'graph' (a CUDA graph: a small device gap per kernel) or
+    'eager' (the host issues each kernel; short kernels wait for the host)."""
+    launch: str = "graph"
+
+
+def launch_timeline(times: list[float], spec: HwSpec, mode: str = "graph") -> tuple[float, float]:
+    """(makespan, launch cost) of kernels run back to back, each depending on the last."""
+    n = len(times)
+    if n == 0:
+        return 0.0, 0.0
+    busy = float(sum(times))
+    if mode == "graph":
+        over = n * spec.graph_launch_overhead_s
+        return busy + over, over
+    if mode != "eager":
+        raise ValueError(f"launch mode {mode!r}")
+    end = 0.0
+    for i, t in enumerate(times):
+        issue = (i + 1) * spec.launch_overhead_s
+        start = max(end + (spec.kernel_gap_s if i else 0.0), issue)
+        end = start + t
+    return end, end - busy
+
+
+def _estimate_from_kernels(works: list[KernelWork], times: list[float], latency: float, spec,
+                           region: Region, **breakdown) -> Estimate:
+    busy = sum(t * min(spec.sm_count, math.ceil(w.tiles / w.ctas_per_sm)) for w, t in zip(works, times))
+    return Estimate(
+        latency_s=latency,
+        dram_read_bytes=sum(w.dram_read_bytes for w in works),
+        dram_write_bytes=sum(w.dram_write_bytes for w in works),
+        l2_bytes=max((w.l2_bytes for w in works), default=0.0),
+        kernel_launches=len(works),
+        sm_busy_fraction=min(1.0, busy / (latency * spec.sm_count)) if latency > 0 else 0.0,
+        flops=region.flops,
+        breakdown=breakdown).check()
+
+
+def _kernel_rows(works, times, spec):
+    return [{"kernel": w.name, "latency_s": t, "dram_read_bytes": w.dram_read_bytes,
+             "dram_write_bytes": w.dram_write_bytes, "l2_bytes": w.l2_bytes, "tiles": w.tiles,
+             "waves": math.ceil(w.tiles / (spec.sm_count * w.ctas_per_sm))}
+            for w, t in zip(works, times)]
+
+
+# -- bsp ----------------------------------------------------------------------------------------
+def bsp_groups(region: Region) -> list[tuple[str, ...]]:
+    return [(o,) for o in region.ops]
+
+
+def bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
+    """One kernel per op on all SMs."""
+    choice = choice or LaunchChoice()
+    works = kernel_works(region, bsp_groups(region), spec)
+    times = [kernel_time(w, spec, spec.sm_count) for w in works]
+    lat, over = launch_timeline(times, spec, choice.launch)
+    return _estimate_from_kernels(works, times, lat, spec, region, strategy="bsp",
+                                  launch=choice.launch, launch_s=over,
+                                  kernels=_kernel_rows(works, times, spec))
+
+
+# -- fusion -------------------------------------------------------------------------------------
+def _can_join(region: Region, group: list[str], op: str) -> bool:
+    g = region.graph
+    info = g.op(op).info
+    kinds = [g.op(o).info.op_class for o in group if not g.op(o).info.is_view]
+    if info.is_view:
+        return True
+    # the op must stream from the group: every input produced in the group row-aligned
+    for t, pat in info.patterns.items():
+        p = g.producer(t)
+        if p in group and pat not in (DepPattern.ELEMENTWISE, DepPattern.ROW):
+            return False
+    c = info.op_class
+    if c is OpClass.ELEMENTWISE:
+        return all(k in (OpClass.GEMM, OpClass.ELEMENTWISE, OpClass.ROW_REDUCTION) for k in kinds)
+    if c is OpClass.ROW_REDUCTION:
+        # a row reduction stitches in when one CTA owns whole rows of the group's output
+        return (all(k in (OpClass.GEMM, OpClass.ELEMENTWISE, OpClass.ROW_REDUCTION) for k in kinds)
+                and is_fusible_reduction_owner(region, tuple(group)))
+    if c is OpClass.GEMM:
+        # prologue fusion only: elementwise producers; never across another GEMM's K dimension
+        return all(k is OpClass.ELEMENTWISE for k in kinds)
+    return False
+
+
+def fusion_groups(region: Region) -> list[tuple[str, ...]]:
+    """FusionStitching-style vertical fusion: elementwise ops and row reductions join their
+    producer's kernel (epilogue), elementwise producers join a GEMM (prologue); GEMMs never fuse
+    with each other; gathers, scatters and copies keep their own kernels. Groups stay convex."""
+    g = region.graph
+    group_of: dict[str, int] = {}
+    groups: list[list[str]] = []
+    succ_groups: list[set[int]] = []
+
+    def reachable(src: int, dst: int) -> bool:
+        stack, seen = [src], {src}
+        while stack:
+            u = stack.pop()
+            if u == dst:
+                return True
+            for v in succ_groups[u]:
+                if v not in seen:
+                    seen.add(v)
+                    stack.append(v)
+        return False
+
+    for op in region.ops:
+        preds = [p for p in g.preds(op) if p in region.op_set]
+        pgroups = sorted({group_of[p] for p in preds}, reverse=True)
+        chosen = None
+        for cand in pgroups:
+            others = [h for h in pgroups if h != cand]
+            if _can_join(region, groups[cand], op) and not any(reachable(cand, h) for h in others):
+                chosen = cand
+                break
+        if chosen is None:
+            chosen = len(groups)
+            groups.append([])
+            succ_groups.append(set())
+        groups[chosen].append(op)
+        group_of[op] = chosen
+        for h in pgroups:
+            if h != chosen:
+                succ_groups[h].add(chosen)
+    return [tuple(grp) for grp in groups]
+
+
+def fusion(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
+    choice = choice or LaunchChoice()
+    groups = fusion_groups(region)
+    works = kernel_works(region, groups, spec)
+    times = [kernel_time(w, spec, spec.sm_count) for w in works]
+    lat, over = launch_timeline(times, spec, choice.launch)
+    return _estimate_from_kernels(works, times, lat, spec, region, strategy="fusion",
+                                  launch=choice.launch, launch_s=over,
+                                  groups=[list(x) for x in groups],
+                                  kernels=_kernel_rows(works, times, spec))
+
+
+# -- tilesync (cuSync) --------------------------------------------------------------------------
+def _streams_from(region: Region, prod: tuple[str, ...], cons: tuple[str, ...]) -> bool:
+    """Whether kernel `cons` reads `prod`'s output tile by tile (so it can start early)."""
+    g = region.graph
+    outs = {t for o in prod for t in g.op(o).outputs}
+    pats = [g.op(o).info.patterns[t] for o in cons for t in g.op(o).inputs if t in outs]
+    return bool(pats) and all(p.streamable for p in pats)
+
+
+def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
+    """Dependent kernels overlap at tile granularity: the consumer's first wave runs on SMs the
+    producer's last (partial) wave leaves idle, launches are issued ahead, and every consumer
+    wave waits on one semaphore hand-off."""
+    groups = [grp for grp in fusion_groups(region) if not all(
+        region.graph.op(o).info.is_view for o in grp)]
+    works = kernel_works(region, groups, spec)
+    S = spec.sm_count
+    times = [kernel_time(w, spec, S) for w in works]
+    saved = []
+    total = sum(times) + (spec.graph_launch_overhead_s if works else 0.0)
+    for i in range(len(works) - 1):
+        w, t = works[i], times[i]
+        slots = S * w.ctas_per_sm
+        waves = math.ceil(w.tiles / slots)
+        fill = (w.tiles - (waves - 1) * slots) / slots
+        if _streams_from(region, groups[i], groups[i + 1]):
+            # the consumer's first tiles use what the producer's last wave leaves idle: SMs if
+            # the consumer is compute-bound, DRAM bandwidth if it is memory-bound
+            cw = works[i + 1]
+            _, p = kernel_time(cw, spec, S, parts=True)
+            used = max(1.0, fill * S)
+            if p["compute_s"] >= max(p["dram_s"], p["l2_s"]):
+                spare = 1.0 - fill
+            else:
+                spare = max(0.0, 1.0 - spec.hbm_bandwidth_from(used) / spec.hbm_bandwidth_from(S))
+            sem = math.ceil(cw.tiles / (S * cw.ctas_per_sm)) * spec.sync_latency_s
+            gain = max(0.0, min(spare * t / waves, times[i + 1]) - sem)
+        else:
+            gain = -spec.graph_launch_overhead_s  # a barrier: the next kernel launches normally
+        saved.append(gain)
+        total -= gain
+    return _estimate_from_kernels(works, times, total, spec, region, strategy="tilesync",
+                                  overlap_saved_s=saved, groups=[list(x) for x in groups],
+                                  kernels=_kernel_rows(works, times, spec))
+
+
+# -- concurrent (ACS) ---------------------------------------------------------------------------
+def levels(region: Region) -> list[list[str]]:
+    """Ops grouped by longest-path depth inside the region: each level's ops are independent."""
+    g = region.graph
+    depth: dict[str, int] = {}
+    for o in region.ops:
+        ps = [depth[p] for p in g.preds(o) if p in depth]
+        depth[o] = (max(ps) + 1) if ps else 0
+    out: dict[int, list[str]] = {}
+    for o in region.ops:
+        out.setdefault(depth[o], []).append(o)
+    return [out[k] for k in sorted(out)]
+
+
+def split_sms(tables: list[np.ndarray], total: int, step: int = 1) -> tuple[float, list[int]]:
+    """Share `total` SMs among independent kernels to minimise the slowest one. tables[i][s] is
+    kernel i's latency on s SMs (index 0 unused); the latency is non-increasing in s, so the
+    answer is the smallest T for which the SMs each needs to finish within T fit in `total`."""
+    k = len(tables)
+    allowed = np.arange(step, total + 1, step)
+    if k * step > total:
+        return math.inf, []
+    cands = np.unique(np.concatenate([tab[allowed] for tab in tables]))
+
+    def need(T):
+        out = []
+        for tab in tables:
+            ok = np.nonzero(tab[allowed] <= T * (1 + 1e-12))[0]
+            if ok.size == 0:
+                return None
+            out.append(int(allowed[ok[0]]))
+        return out if sum(out) <= total else None
+
+    lo = bisect.bisect_left(range(len(cands)), True, key=lambda i: need(cands[i]) is not None)
+    T = float(cands[lo])
+    return T, need(T)
+
+
+def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
+    """Independent kernels of each dependency level run side by side on their own SM shares
+    (ACS's window of independent kernels); dependent levels run one after another."""
+    groups = [tuple(lv) for lv in levels(region)]
+    works = kernel_works(region, [(o,) for lv in groups for o in lv], spec)
+    by_op = {w.name: w for w in works}
+    S = spec.sm_count
+    sm_axis = np.arange(S + 1)
+    total, times, shares = 0.0, [], []
+    for lv in groups:
+        ws = [by_op[o] for o in lv if o in by_op]
+        if not ws:
+            continue
+        if len(ws) == 1:
+            t = kernel_time(ws[0], spec, S)
+            split = [S]
+        else:
+            tabs = [kernel_time(w, spec, sm_axis) for w in ws]
+            t, split = split_sms(tabs, S)
+            dram = sum(w.dram_bytes for w in ws)
+            t = max(t, dram / spec.hbm_bandwidth_from(S))
+        total += t + spec.graph_launch_overhead_s
+        times.extend([t] * len(ws))
+        shares.append({w.name: s for w, s in zip(ws, split)})
+    ordered = [w for lv in groups for w in (by_op[o] for o in lv if o in by_op)]
+    return _estimate_from_kernels(ordered, times, total, spec, region, strategy="concurrent",
+                                  sm_shares=shares)
