@@ -200,6 +200,9 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
             gain = -spec.graph_launch_overhead_s  # a barrier: the next kernel launches normally
         saved.append(gain)
         total -= gain
+    # overlapping kernels still share one DRAM: the traffic floor holds
+    floor = sum(w.dram_bytes for w in works) / spec.hbm_bandwidth_from(S)
+    total = max(total, floor + (spec.graph_launch_overhead_s if works else 0.0))
     return _estimate_from_kernels(works, times, total, spec, region, strategy="tilesync",
                                   overlap_saved_s=saved, groups=[list(x) for x in groups],
                                   kernels=_kernel_rows(works, times, spec))
