@@ -63,7 +63,9 @@ def parse_quantity(value: object, dimension: str) -> float:
             if prefix in _DECIMAL:
                 return number * _DECIMAL[prefix]
     expected = " or ".join(b for b in DIMENSIONS[dimension] if b)
-    raise UnitError(f"unit {suffix!r} does not fit this field (expected {expected or 'no unit'}, "
+    if not expected:
+        raise UnitError(f"unit {suffix!r} does not fit this field (expected a plain number)")
+    raise UnitError(f"unit {suffix!r} does not fit this field (expected {expected}, "
                     f"with an optional prefix such as k, M, G, T, Ki, Mi, Gi)")
 
 
@@ -73,6 +75,7 @@ def fmt_si(value: float, unit: str, digits: int = 3) -> str:
         return f"{value:g} {unit}"
     for p, f in (("P", 1e15), ("T", 1e12), ("G", 1e9), ("M", 1e6), ("k", 1e3), ("", 1.0),
                  ("m", 1e-3), ("µ", 1e-6), ("n", 1e-9)):
-        if abs(value) >= f:
-            return f"{value / f:.{digits}g} {p}{unit}"
+        # compare after rounding, so 999.9e9 shows as 1 T rather than 1e+03 G
+        if abs(float(f"{value:.{digits}g}")) >= f:
+            return f"{float(f'{value:.{digits}g}') / f:.{digits}g} {p}{unit}"
     return f"{value:.{digits}g} {unit}"

@@ -18,6 +18,10 @@ from kitsune_dse.hw.spec import spec_from_dict
 from kitsune_dse.units import parse_quantity
 
 SPECS = sorted(list_specs())
+# hand-written datasheet specs (calibrated variants written by `calibrate` carry `calibration:`)
+DATASHEET_SPECS = [n for n in SPECS
+                   if not (yaml.safe_load(list_specs()[n].read_text(encoding="utf-8")) or {})
+                   .get("calibration")]
 # the GPUs the project promises to ship
 EXPECTED = {"h100-sxm", "h100-pcie", "h200-sxm", "a100-sxm-80gb", "a100-pcie-40gb", "l40s",
             "rtx-4090", "b200"}
@@ -68,26 +72,26 @@ def test_peaks_agree_with_sm_count_and_clock(name):
     per_clk = s.simt_peak_flop_per_s["fp32"] / (s.sm_count * s.sm_clock_Hz)
     assert min(abs(per_clk / 128 - 1), abs(per_clk / 256 - 1)) < 0.02, per_clk
     tc = s.tensor_peak_flop_per_s["fp16"] / (s.sm_count * s.sm_clock_Hz)
-    pow2 = 2 ** math.ceil(math.log2(tc))
-    assert 0.9 * pow2 <= tc <= 1.001 * pow2, tc
+    pow2 = 2 ** round(math.log2(tc))
+    assert 0.9 * pow2 <= tc <= 1.01 * pow2, tc
 
 
-@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("name", DATASHEET_SPECS)
 def test_full_chip_saturates_dram(name):
     s = spec(name)
     achievable = s.hbm_bandwidth_Bps * s.efficiency.hbm
     assert 0.9 * achievable <= s.hbm_bandwidth_from(s.sm_count) <= achievable
 
 
-@pytest.mark.parametrize("name", SPECS)
+@pytest.mark.parametrize("name", DATASHEET_SPECS)
 def test_spec_yaml_names_its_unit_in_every_figure(name):
     """Every dimensioned figure in the YAML is written with a unit (no bare SI numbers)."""
     data = raw(name)
     for key, v in data.items():
-        if key.endswith(("_Bps", "_bytes", "_Hz", "_s")) and key != "sources":
-            assert isinstance(v, str), f"{key}: write the unit"
         if key.endswith("_flop_per_s"):
             assert all(isinstance(x, str) for x in v.values()), key
+        elif key.endswith(("_Bps", "_bytes", "_Hz", "_s")):
+            assert isinstance(v, str), f"{key}: write the unit"
 
 
 # -- derived figures on h100-sxm, by hand ----------------------------------------------------

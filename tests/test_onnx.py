@@ -239,6 +239,21 @@ def test_external_data_not_present(tmp_path):
     assert main(["graph", "show", str(p)]) == 0
 
 
+def test_constant_subgraph_folds_the_same_without_external_data(tmp_path):
+    nodes = [helper.make_node("Sqrt", ["c"], ["sc"]),          # a constant sub-graph
+             helper.make_node("Mul", ["sc", "s"], ["k"]),
+             helper.make_node("Mul", ["x", "k"], ["y"])]
+    args = (tmp_path, nodes, [vi("x", F32, [4, 8])], [vi("y", F32, None)],
+            [init("c", None, np.float32, 2.0), init("s", (8,))])
+    kw = dict(save_as_external_data=True, all_tensors_to_one_file=True, location="w.bin",
+              size_threshold=0)
+    with_data = load(save(*args, **kw))
+    (tmp_path / "w.bin").unlink()
+    without = load(tmp_path / "m.onnx")
+    for g in (with_data, without):
+        assert kinds(g) == ["mul"] and g.weights == {"k"} and shape(g, "k") == [8]
+
+
 def test_external_shape_constant_missing(tmp_path, capsys):
     nodes = [helper.make_node("Reshape", ["x", "shp"], ["y"], name="r")]
     p = save(tmp_path, nodes, [vi("x", F32, [2, 3, 4])], [vi("y", F32, None)],
@@ -421,3 +436,64 @@ def test_transformer_block_fragment(tmp_path):
     g = load(save(tmp_path, nodes, [vi("x", F32, [b, s, h * d])], [vi("y", F32, None)], inits))
     assert shape(g, "sc") == [b, h, s, s] and shape(g, "y") == [b, s, h * d]
     assert g.op("MatMul_4").info.flops == 2 * b * h * s * s * d
+
+
+def test_exporter_style_position_embedding(tmp_path):
+    """Positions from Shape -> Gather -> Range -> Unsqueeze (folded) index a position table."""
+    nodes = [helper.make_node("Gather", ["wte", "ids"], ["tok"], name="wte_lookup"),
+             helper.make_node("Shape", ["ids"], ["ids_shape"]),
+             helper.make_node("Gather", ["ids_shape", "one"], ["seq"], axis=0),
+             helper.make_node("Range", ["zero", "seq", "one"], ["pos"]),
+             helper.make_node("Unsqueeze", ["pos", "ax0"], ["pos2"]),
+             helper.make_node("Gather", ["wpe", "pos2"], ["pe"], name="wpe_lookup"),
+             helper.make_node("Add", ["tok", "pe"], ["h"]),
+             helper.make_node("ConstantOfShape", ["ids_shape"], ["mask"],
+                              value=numpy_helper.from_array(np.array([1.0], np.float32))),
+             helper.make_node("Unsqueeze", ["mask", "ax2"], ["mask3"]),
+             helper.make_node("Mul", ["h", "mask3"], ["y"])]
+    # a position table above the folding limit stays a gather (a small one would be folded)
+    inits = [init("wte", (50, 8)), init("wpe", (10000, 8)), init("zero", None, np.int64, 0),
+             init("one", None, np.int64, 1), init("ax0", None, np.int64, [0]),
+             init("ax2", None, np.int64, [2])]
+    g = load(save(tmp_path, nodes, [vi("ids", I64, [2, 6])], [vi("y", F32, None)], inits))
+    assert kinds(g) == ["gather", "gather", "add", "mul"]
+    assert shape(g, "pos2") == [1, 6] and g.tensors["pos2"].dtype == "int64"
+    assert shape(g, "pe") == [1, 6, 8] and shape(g, "y") == [2, 6, 8]
+    assert {"pos2", "mask3", "wte", "wpe"} == set(g.weights)
+
+
+def test_approximated_activations_are_noted(tmp_path):
+    nodes = [helper.make_node("LeakyRelu", ["x"], ["a"], alpha=0.1),
+             helper.make_node("Clip", ["a", "lo", "hi"], ["y"])]
+    g = load(save(tmp_path, nodes, [vi("x", F32, [4, 8])], [vi("y", F32, None)],
+                  [init("lo", None, np.float32, 0.0), init("hi", None, np.float32, 6.0)]))
+    assert kinds(g) == ["relu", "relu"]
+    assert any("LeakyRelu" in n and "relu" in n for n in g.meta["notes"])
+
+
+def test_input_that_is_an_initializer_is_a_weight(tmp_path):
+    nodes = [helper.make_node("MatMul", ["x", "w"], ["y"])]
+    p = save(tmp_path, nodes, [vi("x", F32, ["n", 4]), vi("w", F32, ["k", 3])],
+             [vi("y", F32, None)], [init("w", (4, 3))])
+    g = load(p, n=5)
+    assert g.inputs == ("x",) and g.weights == {"w"} and shape(g, "y") == [5, 3]
+    with pytest.raises(KitsuneError, match="its symbolic dimensions are n$"):
+        load_onnx_model(p, {"k": 4})
+
+
+def test_softmax_opset11_coerces_to_2d(tmp_path):
+    nodes = [helper.make_node("Softmax", ["x"], ["y"])]        # axis 1 of [2, 3, 4]: over 3*4
+    g = load(save(tmp_path, nodes, [vi("x", F32, [2, 3, 4])], [vi("y", F32, None)], opset=11))
+    assert kinds(g) == ["reshape", "softmax", "reshape"]
+    assert shape(g, g.ops[1].outputs[0]) == [2, 12] and shape(g, "y") == [2, 3, 4]
+
+
+def test_two_symbolic_dims_error_names_the_rest(tmp_path):
+    nodes = [helper.make_node("Relu", ["x"], ["y"])]
+    p = save(tmp_path, nodes, [vi("x", F32, ["batch", "seq", 8])], [vi("y", F32, None)])
+    with pytest.raises(KitsuneError, match=r"'batch'; give it a value with --set batch=VALUE "
+                                           r"\(also unset: seq\)"):
+        load_onnx_model(p, {})
+    with pytest.raises(KitsuneError, match="symbolic dimension 'seq'"):
+        load_onnx_model(p, {"batch": 2})
+    assert shape(load(p, batch=2, seq=3), "y") == [2, 3, 8]

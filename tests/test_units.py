@@ -166,8 +166,6 @@ def test_fmt_si_nan():
     assert fmt_si(float("nan"), "B") == "nan B"
 
 
-@pytest.mark.xfail(strict=True, reason="BUG kitsune_dse/units.py fmt_si: the prefix is chosen "
-                   "before rounding, so 999.9e9 prints as '1e+03 GB/s' instead of '1 TB/s'")
 def test_fmt_si_rounding_across_a_prefix():
     assert fmt_si(999.9e9, "B/s") == "1 TB/s"
 

@@ -58,6 +58,7 @@ APPROX_UNARY = {"LeakyRelu": "relu", "Clip": "relu", "HardSigmoid": "sigmoid",
 REDUCE = {"ReduceMean": "reduce_mean", "ReduceSum": "reduce_sum", "ReduceMax": "reduce_max"}
 
 FOLD_INPUT_LIMIT = 1 << 16      # constants up to this many elements are folded with their values
+FOLD_OUTPUT_LIMIT = 1 << 22     # folded results larger than this keep their shape only
 NEVER_FOLD = ("Random", "Multinomial", "Bernoulli", "If", "Loop", "Scan")
 
 
@@ -140,6 +141,7 @@ class _Importer:
         self.model = None
         self._node: _Node | None = None
         self._noted: set[str] = set()
+        self.inferred: dict[str, tuple[tuple[int, ...], int]] = {}
 
     # -- errors ---------------------------------------------------------------------------------
     def err(self, msg: str) -> KitsuneError:
@@ -155,9 +157,13 @@ class _Importer:
         try:
             model = onnx.load(str(self.path), load_external_data=False)
         except DecodeError as e:
-            raise self.err(f"not an ONNX model: {str(e).splitlines()[0] if str(e) else 'protobuf decode error'}") from None
-        except (OSError, ValueError, RuntimeError) as e:
-            raise self.err(f"not an ONNX model: {e.__class__.__name__}: {str(e).splitlines()[0] if str(e) else ''}") from None
+            first = str(e).splitlines()[0] if str(e) else "protobuf decode error"
+            raise self.err(f"not an ONNX model: {first}") from None
+        except OSError as e:
+            raise self.err(f"cannot read the file: {e.strerror or e}") from None
+        except (ValueError, RuntimeError) as e:
+            first = str(e).splitlines()[0] if str(e) else ""
+            raise self.err(f"not an ONNX model: {e.__class__.__name__}: {first}") from None
         if not model.HasField("graph") or (not model.graph.node and not model.graph.input):
             raise self.err("not an ONNX model: the file holds no ONNX graph")
         if model.functions:
@@ -250,7 +256,9 @@ class _Importer:
         return c
 
     # -- shape inference (a cross-check) ---------------------------------------------------------
-    def infer(self) -> dict[str, tuple[int, ...]]:
+    def infer(self) -> dict[str, tuple[tuple[int, ...], int]]:
+        """Static shapes (and element types) ONNX shape inference finds: a cross-check of ours,
+        and the shape of a constant sub-graph whose inputs' values are not present."""
         import onnx
         try:
             inferred = onnx.shape_inference.infer_shapes(self.model, check_type=False,
@@ -264,7 +272,7 @@ class _Importer:
             tt = vi.type.tensor_type
             if vi.type.HasField("tensor_type") and tt.HasField("shape") and all(
                     d.HasField("dim_value") for d in tt.shape.dim):
-                out[vi.name] = tuple(int(d.dim_value) for d in tt.shape.dim)
+                out[vi.name] = (tuple(int(d.dim_value) for d in tt.shape.dim), int(tt.elem_type))
         return out
 
     # -- tensors --------------------------------------------------------------------------------
@@ -363,7 +371,7 @@ class _Importer:
             self.names.update(n.input)
             self.names.update(n.output)
         self.bind_inputs()
-        inferred = self.infer()
+        inferred = self.inferred = self.infer()
         nodes = self.sorted_nodes(g)
         self.consumed = {i for n in nodes for i in n.inputs if i} | {o.name for o in g.output}
         for n in nodes:
@@ -383,7 +391,7 @@ class _Importer:
         for i in self.inputs:
             if i not in self.used_inputs:
                 self.notes.append(f"input {i!r} is used only for shape computations; left out")
-        for name, shp in inferred.items():
+        for name, (shp, _) in inferred.items():
             t = self.ir.get(name)
             if t is not None and name in produced and tuple(shp or (1,)) != t.shape:
                 self.notes.append(f"tensor {name!r}: ONNX shape inference says {list(shp)}, "
@@ -445,6 +453,9 @@ class _Importer:
         if n.op_type in ("Shape", "Size"):
             self.shape_node(n)
             return
+        if n.op_type == "ConstantOfShape":
+            self.constant_of_shape(n)
+            return
         if self.try_fold(n):
             return
         handler = HANDLERS.get(n.op_type)
@@ -455,10 +466,11 @@ class _Importer:
     def unsupported(self, n: _Node):
         others = sorted({m.op_type if m.domain in ("", "ai.onnx") else f"{m.domain}.{m.op_type}"
                          for m in self.model.graph.node} - set(SUPPORTED) - {n.op_type})
-        also = f"; the model also has op types {', '.join(others)}" if others else ""
+        also = (f"; other op types in the model outside that list: {', '.join(others)}"
+                if others else "")
         raise self.err(f"node {n.name!r} (op type {n.op_type}) is not supported; "
-                       f"supported: {', '.join(SUPPORTED)}{also} (any standard op is accepted "
-                       f"when all its inputs are constants: it is folded)")
+                       f"supported: {', '.join(SUPPORTED)} (and any standard op whose inputs are "
+                       f"all constants: it is folded){also}")
 
     # -- constants and folding ------------------------------------------------------------------
     def constant_node(self, n: _Node) -> None:
@@ -495,31 +507,82 @@ class _Importer:
         from onnx import TensorProto
         self.consts[n.outputs[0]] = _Const(tuple(arr.shape), TensorProto.INT64, array=arr)
 
+    def constant_of_shape(self, n: _Node) -> None:
+        from onnx import TensorProto, numpy_helper
+        src, out = n.inputs[0], n.outputs[0]
+        if src in self.consts and self.consts[src].missing and out in self.inferred:
+            self.consts[out] = _Const(*self.inferred[out], missing=f"is computed from {src!r}, "
+                                      f"whose value is not present")
+            return
+        shp = tuple(self.int_list(src, "shape"))
+        v = n.attrs.get("value")
+        fill = numpy_helper.to_array(v).reshape(-1) if v is not None else np.zeros(1, np.float32)
+        c = _Const(shp, int(v.data_type) if v is not None else TensorProto.FLOAT)
+        if math.prod(shp) <= FOLD_OUTPUT_LIMIT:
+            c.array = np.full(shp, fill[0], dtype=fill.dtype)
+        else:
+            c.missing = f"is a ConstantOfShape of {math.prod(shp)} elements, too many to evaluate"
+        self.consts[n.outputs[0]] = c
+
+    def fold_too_big(self, n: _Node) -> bool:
+        """Ops whose output can be far larger than their inputs: estimate before evaluating."""
+        try:
+            v = [self.consts[i].value() if i else None for i in n.inputs]
+            if n.op_type == "Expand":
+                out = np.broadcast_shapes(v[0].shape, tuple(int(d) for d in v[1].reshape(-1)))
+                return math.prod(out) > FOLD_OUTPUT_LIMIT
+            if n.op_type == "Tile":
+                return v[0].size * math.prod(int(r) for r in v[1].reshape(-1)) > FOLD_OUTPUT_LIMIT
+            if n.op_type == "Range":
+                start, limit, delta = (float(np.asarray(x).reshape(-1)[0]) for x in v[:3])
+                return delta == 0 or (limit - start) / delta > FOLD_OUTPUT_LIMIT
+        except Exception:  # noqa: BLE001 - let the evaluator report the problem
+            return True
+        return False
+
     def try_fold(self, n: _Node) -> bool:
-        """Evaluate a node whose inputs are all small constants with readable values."""
+        """A node whose inputs are all small constants is itself a constant (shape arithmetic,
+        a scalar computed from scalars): evaluate it. Whether a node folds depends only on
+        shapes, never on whether the weights' data is present: when an input's value is missing
+        the result keeps the shape ONNX shape inference gives it, and no value."""
         ins = [i for i in n.inputs if i]
         if not ins or "." in n.op_type or any(k in n.op_type for k in NEVER_FOLD):
             return False
         for i in ins:
             c = self.consts.get(i)
-            if c is None or c.missing or c.numel > FOLD_INPUT_LIMIT:
+            if c is None or c.numel > FOLD_INPUT_LIMIT:
                 return False
+        outs = [o for o in n.outputs if o]
+        missing = next((i for i in ins if self.consts[i].missing), None)
+        if missing is not None:
+            if not all(o in self.inferred for o in outs):
+                return False
+            why = self.consts[missing].missing
+            why = f"is computed from {missing!r}, which " + (why[3:] if why.startswith("is ")
+                                                             else why)
+            for o in outs:
+                shp, elem = self.inferred[o]
+                self.consts[o] = _Const(shp, elem, missing=why)
+            return True
+        if self.fold_too_big(n):
+            if not all(o in self.inferred for o in outs):
+                return False
+            for o in outs:
+                self.consts[o] = _Const(*self.inferred[o], missing="is too large to evaluate")
+            return True
         import onnx
         from onnx import helper
         from onnx.reference import ReferenceEvaluator
         try:
             vals = {i: self.consts[i].value() for i in ins}
-            node = n.proto
             g = helper.make_graph(
-                [node], "fold",
+                [n.proto], "fold",
                 [helper.make_tensor_value_info(i, self.consts[i].elem, self.consts[i].shape)
                  for i in dict.fromkeys(ins)],
-                [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None)
-                 for o in n.outputs if o])
+                [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in outs])
             m = helper.make_model(g, opset_imports=list(self.model.opset_import),
                                   ir_version=self.model.ir_version)
             res = ReferenceEvaluator(m).run(None, vals)
-            outs = [o for o in n.outputs if o]
             consts = {}
             for o, r in zip(outs, res):
                 arr = np.asarray(r)
@@ -705,6 +768,8 @@ def _batchnorm(imp: _Importer, n: _Node) -> None:
 
 
 def _softmax(imp: _Importer, n: _Node) -> None:
+    if n.op_type == "LogSoftmax":
+        imp.note_once(n.op_type, "LogSoftmax has no IR kind; it is costed as softmax")
     x, out = n.inputs[0], n.outputs[0]
     shp = imp.shape(x)
     r = len(shp)
@@ -947,7 +1012,8 @@ HANDLERS: dict[str, Handler] = {
     "ScatterElements": _scatter_elements, "Scatter": _scatter_elements, "ScatterND": _scatter_nd,
     "Cast": _cast, "CastLike": _cast,
 }
-SUPPORTED: tuple[str, ...] = tuple(sorted(set(HANDLERS) | {"Constant", "Shape", "Size"}))
+SUPPORTED: tuple[str, ...] = tuple(sorted(set(HANDLERS) | {"Constant", "ConstantOfShape", "Shape",
+                                                          "Size"}))
 
 
 def load_onnx_model(path: Path, overrides: Mapping[str, int]) -> Graph:

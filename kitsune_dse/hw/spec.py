@@ -20,8 +20,9 @@ from kitsune_dse.errors import KitsuneError, closest
 from kitsune_dse.units import UnitError, parse_quantity
 from kitsune_dse.yamlio import read_yaml
 
-Pos = Annotated[float, Field(gt=0)]
-Frac = Annotated[float, Field(gt=0, le=1)]
+Pos = Annotated[float, Field(gt=0, allow_inf_nan=False)]
+Frac = Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)]
+_PEAK_TABLES = {"tensor_peak_flop_per_s", "simt_peak_flop_per_s"}
 
 
 def _dimension(field_name: str) -> str:
@@ -39,9 +40,18 @@ class _Strict(BaseModel):
     @classmethod
     def _units(cls, v, info: ValidationInfo):
         name = info.field_name or ""
-        if isinstance(v, dict):
-            dim = _dimension(name)
-            return {k: (parse_quantity(x, dim) if isinstance(x, str) else x) for k, x in v.items()}
+        if isinstance(v, bool) and name != "vendor":
+            raise ValueError("expected a number, not true/false")
+        if isinstance(v, dict) and name in _PEAK_TABLES:
+            out = {}
+            for k, x in v.items():
+                if isinstance(x, bool):
+                    raise ValueError(f"{k}: expected a number, not true/false")
+                try:
+                    out[k] = parse_quantity(x, "flop_per_s") if isinstance(x, str) else x
+                except UnitError as e:
+                    raise ValueError(f"{k}: {e}") from None
+            return out
         if isinstance(v, str) and _dimension(name) != "count":
             try:
                 return parse_quantity(v, _dimension(name))
@@ -84,8 +94,8 @@ class HwSpec(_Strict):
     arch: str                                   # e.g. sm_90
     sm_count: Annotated[int, Field(gt=0)]
     sm_clock_Hz: Pos                            # boost clock the peaks are quoted at
-    tensor_peak_flop_per_s: dict[str, Pos]      # dense, whole GPU, per input dtype
-    simt_peak_flop_per_s: dict[str, Pos]        # whole GPU, per dtype (fp32, fp64, fp16)
+    tensor_peak_flop_per_s: Annotated[dict[str, Pos], Field(min_length=1)]  # dense, whole GPU, per input dtype
+    simt_peak_flop_per_s: Annotated[dict[str, Pos], Field(min_length=1)]    # whole GPU, per dtype
     hbm_bytes: Pos
     hbm_bandwidth_Bps: Pos
     hbm_per_sm_bandwidth_Bps: Pos               # what one SM can pull from DRAM (H100: ~38 GB/s)
@@ -160,11 +170,14 @@ class HwSpec(_Strict):
 
 
 def _one_line(e: ValidationError, where: str) -> KitsuneError:
-    err = e.errors()[0]
+    # a misspelt field shows up as both 'unknown' and 'missing': name the misspelling first
+    errs = sorted(e.errors(), key=lambda x: x["type"] != "extra_forbidden")
+    err = errs[0]
     loc = ".".join(str(x) for x in err["loc"])
     typ = err["type"]
     if typ == "extra_forbidden":
-        fields = list(HwSpec.model_fields) + list(Efficiency.model_fields)
+        fields = (list(Efficiency.model_fields) if err["loc"][0] == "efficiency"
+                  else list(HwSpec.model_fields))
         msg = f"unknown field {loc!r}{closest(str(err['loc'][-1]), fields)}"
     elif typ == "missing":
         msg = f"missing required field {loc!r}"

@@ -1,0 +1,82 @@
+// Ring-queue synchronisation for the persistent pipeline kernel.
+//
+// Counters are monotonic u32 sequence numbers in global memory (the control block `ctrl`):
+//   full[slot]        +1 (red.release.gpu) per finished producer item (sub-tile) of the row-block
+//   empty[slot]       +1 per consumer CTA that is done reading the slot's row-block
+//   slab[slot][j]     = generation+1 (st.release.gpu) once column slab j of the slot is written
+// Publish: __syncthreads, then thread 0 releases. Consume: thread 0 spins with ld.acquire.gpu,
+// then a barrier (__syncthreads_and carries the spin's verdict to the whole CTA). Every spin has a
+// %globaltimer timeout; on expiry it writes an error record to ctrl[0..5] (the first one wins)
+// and returns false; every spin also gives up once ctrl[0] is set, so a deadlock ends the launch
+// within one timeout and the host reports it.
+#pragma once
+#include "common.cuh"
+
+#define KDSE_ERR_FULL 1u
+#define KDSE_ERR_EMPTY 2u
+#define KDSE_ERR_SLAB 3u
+
+KDSE_INLINE u32 ld_acquire(const u32* p) {
+    u32 v; asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+KDSE_INLINE u32 ld_relaxed(const u32* p) {
+    u32 v; asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory"); return v;
+}
+KDSE_INLINE void st_release(u32* p, u32 v) {
+    asm volatile("st.release.gpu.global.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+KDSE_INLINE void red_release_add(u32* p, u32 v) {
+    asm volatile("red.release.gpu.global.add.u32 [%0], %1;" :: "l"(p), "r"(v) : "memory");
+}
+
+// One thread: wait until *p >= target (wrap-safe). False on timeout or a reported error.
+KDSE_INLINE bool spin_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u32 code, u32 what, u32 rb) {
+    u32 v = ld_acquire(p);
+    if ((int)(v - target) >= 0) return true;
+    const u64 t0 = globaltimer();
+    for (u32 it = 1;; ++it) {
+        v = ld_acquire(p);
+        if ((int)(v - target) >= 0) return true;
+        if ((it & 31u) == 0u) {
+            if (ld_relaxed(ctrl) != 0u) return false;
+            if (globaltimer() - t0 > timeout_ns) {
+                if (atomicCAS(ctrl, 0u, code) == 0u) {
+                    ctrl[1] = blockIdx.x; ctrl[2] = what; ctrl[3] = rb; ctrl[4] = target; ctrl[5] = v;
+                    __threadfence();
+                }
+                return false;
+            }
+        }
+    }
+}
+
+// Whole CTA: thread 0 spins, the barrier hands its verdict (and the acquired data) to all.
+KDSE_INLINE bool cta_wait_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u32 code, u32 what, u32 rb) {
+    int ok = 1;
+    if (threadIdx.x == 0) ok = spin_geq(p, target, ctrl, timeout_ns, code, what, rb) ? 1 : 0;
+    return __syncthreads_and(ok) != 0;
+}
+
+// Whole CTA: after the CTA's stores of a sub-tile (or its last reads of a slot).
+KDSE_INLINE void cta_arrive(u32* counter) {
+    __syncthreads();
+    if (threadIdx.x == 0) red_release_add(counter, 1u);
+}
+KDSE_INLINE void cta_publish(u32* full, u32* slab_flag, u32 gen_plus_1) {
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        if (slab_flag) st_release(slab_flag, gen_plus_1);
+        red_release_add(full, 1u);
+    }
+}
+
+// GEMM main-loop hook of a split-K consumer: before k-tile kt is loaded, thread 0 waits until
+// the column slab that holds it has been published (flags[j] >= gen+1).
+struct SlabWait {
+    const u32* flags; u32 target; int ktiles_per_slab; u32* ctrl; u64 timeout_ns; u32 what; u32 rb;
+    mutable bool bad;
+    KDSE_INLINE void operator()(int kt) const {
+        if (threadIdx.x == 0 && !bad && kt % ktiles_per_slab == 0)
+            bad = !spin_geq(flags + kt / ktiles_per_slab, target, ctrl, timeout_ns, KDSE_ERR_SLAB, what, rb);
+    }
+};
