@@ -84,11 +84,6 @@ def test_bad_spec(cli, write_yaml, changes, words):
     assert_one_line_error(cli(["hw", "show", path]), path, *words)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG kitsune_dse/hw/spec.py _one_line: it reports e.errors()[0]; for a misspelt field "
-    "(l2_bytes written l2_byte) pydantic lists 'missing l2_bytes' first, so the message is "
-    "\"missing required field 'l2_bytes' (and 1 more problem)\" without naming the typo or "
-    "suggesting the fix; report extra_forbidden errors first"))
 def test_misspelt_spec_field_names_the_typo(cli, write_yaml):
     data = base_spec()
     data["l2_byte"] = data.pop("l2_bytes")

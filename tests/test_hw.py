@@ -222,20 +222,11 @@ def test_bad_overrides_are_kitsune_errors(overrides, words):
         assert w in msg
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG kitsune_dse/hw/spec.py _Strict._units (lines 42-44): the HwSpec-level 'before' "
-    "validator treats the nested `efficiency` mapping like a per-dtype dict and parses every "
-    "string in it with the dimension of the name 'efficiency' ('count'), so '90%' is rejected "
-    "before Efficiency's own fraction handling runs"))
 def test_override_efficiency_as_percent():
     assert spec_with_overrides(spec("h100-sxm"),
                                {"efficiency.hbm": "90%"}).efficiency.hbm == pytest.approx(0.9)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG kitsune_dse/hw/spec.py _Strict._units (lines 42-44): the free-form `calibration` "
-    "mapping goes through parse_quantity(.., 'count') too, so a calibrated spec recording a "
-    "device name or date does not load"))
 def test_spec_with_calibration_provenance_loads():
     data = raw("h100-sxm")
     data["calibration"] = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-11-20"}
@@ -243,9 +234,6 @@ def test_spec_with_calibration_provenance_loads():
     assert s.calibration is not None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG kitsune_dse/hw/spec.py: a YAML boolean passes as an integer count (sm_count: true "
-    "-> 1) because pydantic's lax int mode accepts bool and _units only looks at strings"))
 def test_boolean_count_is_rejected():
     data = raw("h100-sxm")
     data["sm_count"] = True
@@ -253,9 +241,6 @@ def test_boolean_count_is_rejected():
         spec_from_dict(data, "<test>")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG kitsune_dse/hw/spec.py: Pos = Field(gt=0) accepts YAML .inf (pydantic allows inf "
-    "by default); use Field(gt=0, allow_inf_nan=False)"))
 def test_infinite_bandwidth_is_rejected():
     data = raw("h100-sxm")
     data["hbm_bandwidth_Bps"] = float("inf")
@@ -263,9 +248,6 @@ def test_infinite_bandwidth_is_rejected():
         spec_from_dict(data, "<test>")
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "BUG kitsune_dse/hw/spec.py: an empty simt_peak_flop_per_s mapping is accepted, and "
-    "simt_rate_per_sm then raises StopIteration (next(iter({}.values())))"))
 def test_empty_peak_table_is_rejected():
     data = raw("h100-sxm")
     data["simt_peak_flop_per_s"] = {}
