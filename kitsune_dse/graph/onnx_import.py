@@ -142,6 +142,7 @@ class _Importer:
         self._node: _Node | None = None
         self._noted: set[str] = set()
         self.inferred: dict[str, tuple[tuple[int, ...], int]] = {}
+        self.consumed: set[str] = set()          # tensor names some node or graph output reads
 
     # -- errors ---------------------------------------------------------------------------------
     def err(self, msg: str) -> KitsuneError:
@@ -482,12 +483,12 @@ class _Importer:
             return
         if "sparse_value" in a:
             raise self.node_err("sparse constants are not supported")
-        for key, elem, vec in (("value_float", TensorProto.FLOAT, False),
-                               ("value_floats", TensorProto.FLOAT, True),
-                               ("value_int", TensorProto.INT64, False),
-                               ("value_ints", TensorProto.INT64, True)):
+        for key, elem, np_dtype in (("value_float", TensorProto.FLOAT, np.float32),
+                                    ("value_floats", TensorProto.FLOAT, np.float32),
+                                    ("value_int", TensorProto.INT64, np.int64),
+                                    ("value_ints", TensorProto.INT64, np.int64)):
             if key in a:
-                arr = np.asarray(a[key], dtype=np.float32 if elem == TensorProto.FLOAT else np.int64)
+                arr = np.asarray(a[key], dtype=np_dtype)
                 self.consts[out] = _Const(tuple(arr.shape), elem, array=arr)
                 return
         raise self.node_err(f"a Constant with attributes {sorted(a)} is not supported "

@@ -1,0 +1,627 @@
+"""Lowering a plan region to kernels: fusion groups, and the layout of a pipeline (steps, rings,
+work items, control-block counters). Pure Python, no CuPy; codegen.py turns this into CUDA C.
+
+A *group* is what one kernel (or one step of the persistent kernel) computes for a tile:
+  gemm  one matmul, or two sharing A (NB=2: SwiGLU gate/up), then a chain of elementwise ops on
+        the accumulators (bias, activation, residual...) applied in the epilogue;
+  row   elementwise ops, one row op (layernorm, rmsnorm, softmax over the last axis), elementwise ops;
+  ew    a chain of elementwise ops.
+Every value of a chain that is needed outside the group (or is a region output) is stored.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from kitsune_dse.errors import KitsuneError
+from kitsune_dse.graph import Graph
+
+UNARY = {
+    "relu": "act_relu({x})", "gelu": "act_gelu({x})", "silu": "act_silu({x})",
+    "sigmoid": "act_sigmoid({x})", "tanh": "tanhf({x})", "exp": "expf({x})", "neg": "(-{x})",
+    "abs": "fabsf({x})", "sqrt": "sqrtf({x})", "reciprocal": "(1.f / {x})", "erf": "erff({x})",
+    "scale": "({x} * {factor})", "identity": "{x}",
+}
+BINARY = {"add": "({a} + {b})", "sub": "({a} - {b})", "mul": "({a} * {b})", "div": "({a} / {b})",
+          "max": "fmaxf({a}, {b})", "min": "fminf({a}, {b})", "pow": "powf({a}, {b})"}
+ROW_KINDS = {"layernorm": 0, "rmsnorm": 1, "softmax": 2}
+VIEW_KINDS = {"reshape", "flatten", "identity"}
+ELEM_DTYPES = {"fp16": "__half", "bf16": "__nv_bfloat16"}
+
+GEMM_BK = 32
+THREADS = 256
+
+
+def rows_cols(shape) -> tuple[int, int]:
+    if len(shape) == 1:
+        return 1, int(shape[0])
+    return int(math.prod(shape[:-1])), int(shape[-1])
+
+
+@dataclass
+class Arg:
+    kind: str          # "val" (a chain value), "acc" (GEMM accumulator b), "full", "vec"
+    ref: str | int     # tensor name, or accumulator index
+
+
+@dataclass
+class ChainOp:
+    out: str
+    expr: str          # format string over {a0}, {a1}
+    args: list[Arg]
+
+
+@dataclass
+class Group:
+    gid: int
+    kind: str                              # gemm | row | ew
+    ops: list[str]
+    rows: int
+    cols: int
+    gemms: list[str] = field(default_factory=list)
+    a: str | None = None                   # GEMM A operand
+    weights: list[str] = field(default_factory=list)
+    k: int = 0
+    row_op: str | None = None
+    row_kind: int = -1
+    row_in: str | None = None              # the value the row op normalises
+    gamma: str | None = None
+    beta: str | None = None
+    eps: float = 1e-5
+    pre: list[ChainOp] = field(default_factory=list)    # before the row op (row groups)
+    chain: list[ChainOp] = field(default_factory=list)  # gemm epilogue / ew chain / after row op
+    values: dict = field(default_factory=dict)         # tensor -> "pre" | "post" | "acc"
+    stores: list[str] = field(default_factory=list)
+    final: str = ""
+
+    @property
+    def name(self) -> str:
+        return f"g{self.gid}"
+
+    @property
+    def nb(self) -> int:
+        return len(self.gemms)
+
+    def full_inputs(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for c in self.pre + self.chain:
+            for a in c.args:
+                if a.kind == "full":
+                    seen.setdefault(a.ref, None)
+        return list(seen)
+
+    def vec_inputs(self) -> list[str]:
+        seen: dict[str, None] = {}
+        for c in self.pre + self.chain:
+            for a in c.args:
+                if a.kind == "vec":
+                    seen.setdefault(a.ref, None)
+        return list(seen)
+
+    def reads(self) -> list[str]:
+        """Every tensor the group reads from memory (A, weights, operands, norm parameters)."""
+        out = ([self.a] if self.a else []) + self.weights + self.full_inputs() + self.vec_inputs()
+        out += [t for t in (self.gamma, self.beta) if t]
+        return list(dict.fromkeys(out))
+
+
+class Region:
+    """A plan region resolved against its graph: ops, view aliases, inputs, outputs."""
+
+    def __init__(self, graph: Graph, region: dict):
+        self.graph = graph
+        self.plan = region
+        self.rid = region.get("id", 0)
+        self.strategy = region["strategy"]
+        self.all_ops = list(region["ops"])
+        for o in self.all_ops:
+            graph.op(o)  # KitsuneError for an unknown name
+        self.alias: dict[str, str] = {}
+        self.ops: list[str] = []
+        dtypes = set()
+        for name in self.all_ops:
+            op = graph.op(name)
+            if op.kind in VIEW_KINDS or (op.info is not None and op.info.is_view):
+                src = self.root(op.inputs[0])
+                self.alias[op.outputs[0]] = src
+                continue
+            self.ops.append(name)
+            for t in list(op.inputs) + list(op.outputs):
+                dtypes.add(graph.tensors[t].dtype)
+        bad = dtypes - set(ELEM_DTYPES)
+        if bad:
+            raise KitsuneError(f"region {self.rid}: the harness runs fp16 or bf16 tensors; this region "
+                               f"has {', '.join(sorted(bad))}")
+        if len(dtypes) > 1:
+            raise KitsuneError(f"region {self.rid}: mixed dtypes {sorted(dtypes)} are not supported")
+        self.dtype = dtypes.pop() if dtypes else "fp16"
+        produced = {self.root(t) for o in self.ops for t in graph.op(o).outputs}
+        consumed = [self.root(t) for o in self.ops for t in graph.op(o).inputs]
+        self.inputs = list(dict.fromkeys(t for t in consumed if t not in produced))
+        outside = set()
+        region_ops = set(self.all_ops)
+        for t in graph.tensors:
+            r = self.root(t)
+            if r in produced:
+                if t in graph.outputs or any(c not in region_ops for c in graph.consumers(t)) \
+                        or not graph.consumers(t):
+                    outside.add(r)
+        self.outputs = [t for t in dict.fromkeys(self.root(t) for o in self.ops
+                                                 for t in graph.op(o).outputs) if t in outside]
+        self.weight_like = {self.root(graph.op(o).inputs[1]) for o in self.ops
+                            if graph.op(o).kind in ("matmul", "gemm")}
+
+    def root(self, t: str) -> str:
+        while t in self.alias:
+            t = self.alias[t]
+        return t
+
+    def shape2(self, t: str) -> tuple[int, int]:
+        return rows_cols(self.graph.tensors[t].shape)
+
+    def consumers_in(self, t: str, ops: list[str]) -> list[str]:
+        """Ops in `ops` that read tensor t (through views)."""
+        return [o for o in ops if any(self.root(i) == t for i in self.graph.op(o).inputs)]
+
+
+# -- fusion ---------------------------------------------------------------------------------------
+def _operand_kind(reg: Region, t: str, rows: int, cols: int) -> str | None:
+    shape = reg.graph.tensors[t].shape
+    r, c = rows_cols(shape)
+    if (r, c) == (rows, cols):
+        return "full"
+    if math.prod(shape) == cols and shape[-1] == cols:
+        return "vec"
+    return None
+
+
+def _unsupported(reg: Region, name: str, why: str) -> KitsuneError:
+    op = reg.graph.op(name)
+    return KitsuneError(f"region {reg.rid}: op {name!r} ({op.kind}): {why}")
+
+
+def _new_group(reg: Region, gid: int, name: str) -> Group:
+    g = reg.graph
+    op = g.op(name)
+    out = reg.root(op.outputs[0])
+    rows, cols = reg.shape2(out)
+    if op.kind in ("matmul", "gemm"):
+        if op.attrs.get("trans_a") or op.attrs.get("trans_b"):
+            raise _unsupported(reg, name, "transposed operands are not supported by the harness")
+        gd = op.info.gemm
+        if gd.batch != 1:
+            raise _unsupported(reg, name, "batched matmul is not supported by the harness")
+        a, w = reg.root(op.inputs[0]), reg.root(op.inputs[1])
+        if len(g.tensors[w].shape) != 2:
+            raise _unsupported(reg, name, "B must be a 2-D matrix")
+        if gd.k % 8 or gd.n % 8:
+            raise _unsupported(reg, name, f"K={gd.k} and N={gd.n} must be multiples of 8")
+        grp = Group(gid, "gemm", [name], rows, cols, gemms=[name], a=a, weights=[w], k=gd.k)
+        grp.values[out] = "acc"
+        if len(op.inputs) == 3:
+            bias = reg.root(op.inputs[2])
+            kind = _operand_kind(reg, bias, rows, cols)
+            if kind is None:
+                raise _unsupported(reg, name, "bias must be a vector over N or a full [M, N] tensor")
+            grp.chain.append(ChainOp(out, "({a0} + {a1})", [Arg("acc", 0), Arg(kind, bias)]))
+            grp.values[out] = "post"
+        grp.final = out
+        return grp
+    if cols % 8:
+        raise _unsupported(reg, name, f"the last dimension ({cols}) must be a multiple of 8")
+    if op.kind in ROW_KINDS:
+        grp = Group(gid, "row", [], rows, cols)
+        x = reg.root(op.inputs[0])
+        _add_row_op(reg, grp, name, x, external=True)
+        return grp
+    grp = Group(gid, "ew", [], rows, cols)
+    if not _add_chain_op(reg, grp, name, allow_external_only=True):
+        raise _unsupported(reg, name, "not an elementwise op the harness can run "
+                           f"(supported: {', '.join(sorted(UNARY) + sorted(BINARY))}, "
+                           f"{', '.join(ROW_KINDS)}, matmul)")
+    return grp
+
+
+def _add_row_op(reg: Region, grp: Group, name: str, x: str, external: bool) -> None:
+    op = reg.graph.op(name)
+    if op.kind == "softmax" and int(op.attrs.get("axis", -1)) not in (-1, len(reg.graph.tensors[op.inputs[0]].shape) - 1):
+        raise _unsupported(reg, name, "softmax over an axis other than the last")
+    grp.ops.append(name)
+    grp.row_op = name
+    grp.row_kind = ROW_KINDS[op.kind]
+    grp.eps = float(op.attrs.get("eps", op.attrs.get("epsilon", 1e-6 if op.kind == "rmsnorm" else 1e-5)))
+    if len(op.inputs) > 1:
+        grp.gamma = reg.root(op.inputs[1])
+    if len(op.inputs) > 2:
+        grp.beta = reg.root(op.inputs[2])
+    if external:
+        grp.pre.append(ChainOp(x, "{a0}", [Arg("full", x)]))
+        grp.values[x] = "pre-ext"
+    grp.row_in = x
+    out = reg.root(op.outputs[0])
+    grp.values[out] = "post"
+    grp.final = out
+
+
+def _add_chain_op(reg: Region, grp: Group, name: str, allow_external_only: bool = False) -> bool:
+    """Append elementwise op `name` to the group's current chain if legal; True when done."""
+    op = reg.graph.op(name)
+    out = reg.root(op.outputs[0])
+    if op.kind not in UNARY and op.kind not in BINARY and op.kind != "cast":
+        return False
+    if op.kind == "cast" and op.attrs.get("dtype", reg.graph.tensors[op.inputs[0]].dtype) != reg.dtype:
+        return False
+    if reg.shape2(out) != (grp.rows, grp.cols):
+        return False
+    stage = "post" if (grp.kind != "row" or grp.row_op) else "pre"
+    args: list[Arg] = []
+    any_val = False
+    for t in op.inputs:
+        t = reg.root(t)
+        where = grp.values.get(t)
+        if where is not None and where != "pre-ext":
+            if where == "acc":
+                args.append(Arg("acc", grp.gemms.index(_producer(reg, t))))
+            elif (where == "post") != (stage == "post"):
+                return False     # a value from before the row op is not kept for after it
+            else:
+                args.append(Arg("val", t))
+            any_val = True
+        else:
+            kind = _operand_kind(reg, t, grp.rows, grp.cols)
+            if kind is None:
+                return False
+            args.append(Arg(kind, t))
+    if not any_val and not allow_external_only:
+        return False
+    if op.kind in UNARY or op.kind == "cast":
+        expr = UNARY.get(op.kind, "{x}").replace("{x}", "{a0}")
+        if "{factor}" in expr:
+            expr = expr.replace("{factor}", repr(float(op.attrs.get("factor", 1.0))) + "f")
+    else:
+        expr = BINARY[op.kind].replace("{a}", "{a0}").replace("{b}", "{a1}")
+    (grp.pre if stage == "pre" else grp.chain).append(ChainOp(out, expr, args))
+    grp.values[out] = stage
+    grp.ops.append(name)
+    grp.final = out
+    return True
+
+
+def _producer(reg: Region, t: str) -> str:
+    for o in reg.ops:
+        if any(reg.root(x) == t for x in reg.graph.op(o).outputs):
+            return o
+    raise KeyError(t)
+
+
+def _try_absorb(reg: Region, grp: Group, name: str) -> bool:
+    op = reg.graph.op(name)
+    if op.kind in ("matmul", "gemm"):
+        if grp.kind != "gemm" or grp.nb != 1 or grp.chain and any(
+                c.out != reg.root(reg.graph.op(grp.gemms[0]).outputs[0]) for c in grp.chain):
+            return False
+        if op.attrs.get("trans_a") or op.attrs.get("trans_b") or op.info.gemm.batch != 1:
+            return False
+        a, w = reg.root(op.inputs[0]), reg.root(op.inputs[1])
+        out = reg.root(op.outputs[0])
+        if a != grp.a or reg.shape2(out) != (grp.rows, grp.cols) or op.info.gemm.k != grp.k:
+            return False
+        grp.gemms.append(name)
+        grp.weights.append(w)
+        grp.ops.append(name)
+        grp.values[out] = "acc"
+        if len(op.inputs) == 3:
+            bias = reg.root(op.inputs[2])
+            kind = _operand_kind(reg, bias, grp.rows, grp.cols)
+            if kind is None:
+                return False
+            grp.chain.append(ChainOp(out, "({a0} + {a1})", [Arg("acc", 1), Arg(kind, bias)]))
+            grp.values[out] = "post"
+        return True
+    if op.kind in ROW_KINDS:
+        if grp.kind != "ew" or grp.row_op:
+            return False
+        x = reg.root(op.inputs[0])
+        if grp.values.get(x) not in ("pre",) or reg.shape2(x) != (grp.rows, grp.cols):
+            return False
+        grp.kind = "row"
+        grp.pre, grp.chain = grp.chain, []
+        for k, v in list(grp.values.items()):
+            if v == "post":
+                grp.values[k] = "pre"
+        _add_row_op(reg, grp, name, x, external=False)
+        return True
+    if grp.kind == "ew" and not grp.row_op:
+        # an ew group's chain is "post" until a row op arrives; keep its values marked "pre"
+        ok = _add_chain_op_ew(reg, grp, name)
+        return ok
+    return _add_chain_op(reg, grp, name)
+
+
+def _add_chain_op_ew(reg: Region, grp: Group, name: str) -> bool:
+    # ew groups keep their values as "pre" so that a following row op can take them over
+    for k, v in list(grp.values.items()):
+        if v == "pre":
+            grp.values[k] = "post"
+    ok = _add_chain_op(reg, grp, name)
+    for k, v in list(grp.values.items()):
+        if v == "post":
+            grp.values[k] = "pre"
+    return ok
+
+
+def fuse(reg: Region, groups_of_ops: list[list[str]], start_gid: int = 0) -> list[Group]:
+    """Each list of ops becomes as few groups as the patterns allow (greedy, in order)."""
+    out: list[Group] = []
+    gid = start_gid
+    for ops in groups_of_ops:
+        cur: Group | None = None
+        for name in ops:
+            if name not in reg.ops:      # a view: an alias, no kernel
+                continue
+            if cur is not None and _try_absorb(reg, cur, name):
+                continue
+            if cur is not None:
+                out.append(cur)
+            cur = _new_group(reg, gid, name)
+            if cur.kind == "ew":
+                for k, v in list(cur.values.items()):
+                    if v == "post":
+                        cur.values[k] = "pre"
+            gid += 1
+        if cur is not None:
+            out.append(cur)
+    _set_stores(reg, out)
+    return out
+
+
+def _set_stores(reg: Region, groups: list[Group]) -> None:
+    for grp in groups:
+        others = [o for g2 in groups if g2 is not grp for o in g2.ops]
+        produced = [c.out for c in grp.pre + grp.chain]
+        if grp.row_op:
+            produced.append(grp.final)
+        produced += [reg.root(reg.graph.op(m).outputs[0]) for m in grp.gemms]
+        stores = []
+        for t in dict.fromkeys(produced):
+            if grp.values.get(t) == "pre-ext":
+                continue
+            if t == grp.final or t in reg.outputs or reg.consumers_in(t, others):
+                stores.append(t)
+        for t in stores:
+            if grp.values.get(t) == "acc":
+                raise KitsuneError(f"region {reg.rid}: the raw product {t!r} of a fused dual GEMM is "
+                                   f"needed outside its group; split the group")
+        grp.stores = stores
+
+
+def bsp_groups(reg: Region) -> list[Group]:
+    return fuse(reg, [[o] for o in reg.ops])
+
+
+def fusion_groups(reg: Region) -> list[Group]:
+    kernels = reg.plan.get("kernels") or [[o] for o in reg.all_ops]
+    covered = {o for k in kernels for o in k}
+    rest = [[o] for o in reg.all_ops if o not in covered]
+    order = {o: i for i, o in enumerate(reg.all_ops)}
+    groups = sorted([list(k) for k in kernels] + rest, key=lambda k: min(order[o] for o in k))
+    return fuse(reg, groups)
+
+
+# -- pipeline layout ----------------------------------------------------------------------------
+@dataclass
+class Ring:
+    rid: int
+    tensor: str
+    cols: int
+    producer: int                                   # step index
+    consumers: list[tuple[int, str]] = field(default_factory=list)  # (step, "row" | "split_k")
+    depth: int = 2
+    direct: bool = False                            # storage is the region output itself
+    nslots: int = 0
+    slab_w: int = 0
+    nslabs: int = 0
+    full_off: int = 0
+    empty_off: int = 0
+    slab_off: int = 0
+    buf: int = -1                                   # index in the pointer table
+    plan_slot_bytes: int | None = None
+
+
+@dataclass
+class Step:
+    sid: int
+    group: Group
+    stage: int
+    items: int                                      # work items per row-block
+    bn: int = 128                                   # GEMM tile columns / ew chunk columns
+    in_rings: dict = field(default_factory=dict)    # tensor -> ring id
+    out_rings: dict = field(default_factory=dict)   # tensor -> ring id
+    split_k_ring: int | None = None                 # ring of A consumed per column slab
+
+
+@dataclass
+class StageL:
+    sid: int
+    ctas: int
+    sms: int
+    first_cta: int
+    steps: list[int]
+    predicted_latency_s: float | None = None
+
+
+@dataclass
+class PipelineLayout:
+    region: Region
+    bm: int                                         # rows per row-block (tile rows)
+    rows: int                                       # M
+    nrb: int
+    stages: list[StageL]
+    steps: list[Step]
+    rings: list[Ring]
+    grid: int
+    ctrl_words: int
+    smid_off: int
+    notes: list[str]
+    plant_deadlock: bool = False
+
+    def ring_of(self, tensor: str) -> Ring | None:
+        for r in self.rings:
+            if r.tensor == tensor:
+                return r
+        return None
+
+
+CTRL_HEADER = 8
+
+
+def _tile_rows(stage_tiles: list[dict], rows: int, notes: list[str]) -> int:
+    want = {int((t or {}).get("rows", 128)) for t in stage_tiles}
+    w = min(want) if want else 128
+    bm = 64 if (w <= 64 or rows <= 64) else 128
+    if want != {bm}:
+        notes.append(f"tile rows {sorted(want)} run as row-blocks of {bm} (the GEMM tiles take 64 or 128)")
+    return bm
+
+
+def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False) -> PipelineLayout:
+    notes: list[str] = []
+    stages_p = plan_region["stages"]
+    kernels = plan_region.get("kernels") or None
+    order = {o: i for i, o in enumerate(reg.all_ops)}
+    # steps: the plan's kernel groups cut by stage, fused, in topological order
+    step_ops: list[tuple[int, list[str]]] = []
+    for si, s in enumerate(stages_p):
+        sops = sorted(s["ops"], key=order.__getitem__)
+        if kernels:
+            parts = [[o for o in sorted(k, key=order.__getitem__) if o in sops] for k in kernels]
+            parts = [p for p in parts if p]
+            covered = {o for p in parts for o in p}
+            parts += [[o] for o in sops if o not in covered]
+        else:
+            parts = [sops]
+        for p in parts:
+            step_ops.append((si, p))
+    step_ops.sort(key=lambda x: min(order[o] for o in x[1]))
+    groups: list[Group] = []
+    stage_of: list[int] = []
+    for si, p in step_ops:
+        gs = fuse(reg, [p], start_gid=len(groups))
+        groups += gs
+        stage_of += [si] * len(gs)
+    _set_stores(reg, groups)
+    # every step streams the same rows
+    rows = None
+    for g in groups:
+        if rows is None:
+            rows = g.rows
+        elif g.rows != rows:
+            raise KitsuneError(f"region {reg.rid}: a pipeline streams row-blocks of one row count; "
+                               f"group {g.ops} has {g.rows} rows, others {rows}")
+    tiles = [s.get("tile") or {} for s in stages_p]
+    bm = _tile_rows(tiles, rows, notes)
+    nrb = -(-rows // bm)
+    steps: list[Step] = []
+    for i, g in enumerate(groups):
+        si = stage_of[i]
+        tcols = int((stages_p[si].get("tile") or {}).get("cols", 128))
+        if g.kind == "gemm":
+            bn = 128 if tcols >= 128 else 64
+            if bn != tcols:
+                notes.append(f"stage {si}: GEMM tile cols {tcols} run as {bn}")
+            items = -(-g.cols // bn)
+        elif g.kind == "ew":
+            bn = max(64, (tcols // 8) * 8)
+            items = -(-g.cols // bn)
+        else:
+            bn = 0
+            items = -(-bm // 8)
+        steps.append(Step(i, g, si, items, bn))
+    # stages: contiguous blockIdx ranges
+    stages: list[StageL] = []
+    first = 0
+    for si, s in enumerate(stages_p):
+        sms, ctas = int(s["sms"]), int(s.get("ctas", s["sms"]))
+        if ctas > sms:
+            raise KitsuneError(f"region {reg.rid} stage {si}: {ctas} CTAs on {sms} SMs; the harness "
+                               f"runs one CTA per SM (ctas <= sms)")
+        if ctas < sms:
+            notes.append(f"stage {si}: {ctas} CTAs on {sms} SMs (one CTA per SM: {sms - ctas} SMs idle)")
+        stages.append(StageL(si, ctas, sms, first, [st.sid for st in steps if st.stage == si],
+                             s.get("predicted_latency_s")))
+        first += ctas
+    for st in stages:
+        if not st.steps:
+            raise KitsuneError(f"region {reg.rid} stage {st.sid} has no work")
+    # rings: every stored tensor read by another step
+    queues = plan_region.get("queues") or []
+    rings: list[Ring] = []
+    for st in steps:
+        for t in st.group.stores:
+            cons = [s2.sid for s2 in steps if s2 is not st and t in s2.group.reads()]
+            if not cons:
+                continue
+            cols = reg.shape2(t)[1]
+            depth, slot_bytes = 2, None
+            modes = {}
+            for q in queues:
+                if q.get("tensor") in (t, *[k for k, v in reg.alias.items() if v == t]):
+                    depth = max(depth if slot_bytes is not None else 0, int(q.get("depth", 2)))
+                    slot_bytes = q.get("slot_bytes")
+                    modes[int(q["consumer"])] = q.get("mode", "row")
+            ring = Ring(len(rings), t, cols, st.sid, depth=max(1, depth or 2),
+                        direct=t in reg.outputs, plan_slot_bytes=slot_bytes)
+            for c in cons:
+                cstep = steps[c]
+                mode = modes.get(cstep.stage, "row")
+                if mode == "split_k":
+                    if cstep.group.kind != "gemm" or cstep.group.a != t:
+                        notes.append(f"ring {t!r}: split_k applies to a GEMM's A operand; step {c} waits for whole row-blocks")
+                        mode = "row"
+                    elif st.group.kind == "row":
+                        notes.append(f"ring {t!r}: a row-op producer publishes rows, not column slabs; "
+                                     f"step {c} waits for whole row-blocks")
+                        mode = "row"
+                ring.consumers.append((c, mode))
+                cstep.in_rings[t] = ring.rid
+                if mode == "split_k":
+                    cstep.split_k_ring = ring.rid
+            st.out_rings[t] = ring.rid
+            if ring.direct:
+                ring.nslots, ring.depth = nrb, nrb
+            else:
+                ring.nslots = min(ring.depth, nrb)
+            if st.group.kind in ("gemm", "ew"):
+                ring.slab_w = st.bn
+                ring.nslabs = st.items
+            if any(m == "split_k" for _, m in ring.consumers) and ring.slab_w % GEMM_BK:
+                raise KitsuneError(f"ring {t!r}: slab width {ring.slab_w} is not a multiple of {GEMM_BK}")
+            if ring.plan_slot_bytes and not ring.direct:
+                mine = bm * cols * 2
+                if int(ring.plan_slot_bytes) != mine:
+                    notes.append(f"ring {t!r}: plan slot {ring.plan_slot_bytes} B, harness slot {mine} B "
+                                 f"({bm} rows x {cols} cols)")
+            rings.append(ring)
+    # control block: header, smid per CTA, then counters
+    off = CTRL_HEADER
+    smid_off = off
+    off += first
+    for r in rings:
+        r.full_off = off
+        off += r.nslots
+        r.empty_off = off
+        off += r.nslots
+        if any(m == "split_k" for _, m in r.consumers):
+            r.slab_off = off
+            off += r.nslots * r.nslabs
+    return PipelineLayout(reg, bm, rows, nrb, stages, steps, rings, first, off, smid_off, notes,
+                          plant_deadlock)
+
+
+def releasing_ctas(layout: PipelineLayout, step: Step) -> int:
+    """CTAs of the step's stage that own at least one item of a row-block (each releases once)."""
+    return min(step.items, layout.stages[step.stage].ctas)
+
+
+def empty_target_per_gen(layout: PipelineLayout, ring: Ring) -> int:
+    return sum(releasing_ctas(layout, layout.steps[c]) for c, _ in ring.consumers)
