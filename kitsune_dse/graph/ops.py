@@ -128,7 +128,9 @@ def _matmul(ins, attrs):
     flops = 2.0 * batch * m * n * k
     pats = [F if attrs.get("trans_a") else R, F]
     if len(ins) == 3:
-        broadcast(ins[2].shape, out_shape)
+        if broadcast(ins[2].shape, out_shape) != out_shape:
+            raise ShapeError(f"bias {ins[2].name} {list(ins[2].shape)} does not broadcast to the "
+                             f"output {list(out_shape)}")
         flops += batch * m * n
         pats.append(_same_rows_pattern(ins[2].shape, out_shape))
     unit = "tensor" if dtype in TENSOR_CORE_DTYPES or attrs.get("allow_tf32") else "simt"
@@ -165,10 +167,16 @@ def _conv2d(ins, attrs):
         raise ShapeError(f"kernel {r}x{s} does not fit input {h}x{wd}")
     out = (n, p, q, k) if layout == "NHWC" else (n, k, p, q)
     dtype = _float_dtype([x, w])
+    if k % g:
+        raise ShapeError(f"output channels {k} are not divisible by group {g}")
     gd = GemmDims(batch=g, m=n * p * q, n=k // g, k=cg * r * s)
     flops = 2.0 * gd.batch * gd.m * gd.n * gd.k
-    pats = [H if (r > 1 or s > 1) else E, F]
+    # a pixel's output needs every input channel of its window: a 1x1 conv reduces over the
+    # row like a GEMM's A operand; a larger window also needs neighbouring rows (halo)
+    pats = [H if (r > 1 or s > 1) else R, F]
     if len(ins) == 3:
+        if ins[2].shape != (k,):
+            raise ShapeError(f"bias {ins[2].name} has shape {list(ins[2].shape)}, expected [{k}]")
         flops += n * p * q * k
         pats.append(F)
     unit = "tensor" if dtype in TENSOR_CORE_DTYPES else "simt"
@@ -179,7 +187,7 @@ def _conv2d(ins, attrs):
 @_kind(tuple(UNARY_FLOPS), (1, 1), "elementwise unary op (scale: attr factor; cast: attr dtype)")
 def _unary(ins, attrs, _kind_name=None):
     x = ins[0]
-    dtype = str(attrs.get("dtype", x.dtype))
+    dtype = str(attrs.get("dtype", x.dtype)) if attrs["__kind__"] == "cast" else x.dtype
     if dtype not in DTYPE_BYTES:
         raise ShapeError(f"unknown dtype {dtype!r}")
     per = UNARY_FLOPS[attrs["__kind__"]]

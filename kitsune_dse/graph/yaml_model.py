@@ -29,8 +29,16 @@ from kitsune_dse.yamlio import read_yaml
 TOP_FIELDS = {"name", "description", "source", "dtype", "sizes", "inputs", "weights", "ops",
               "outputs", "notes"}
 OP_FIELDS = {"name", "kind", "inputs", "outputs", "attrs"}
+def _exact_div(a: int, b: int) -> int:
+    # `/` must divide exactly: `hidden / heads` with a size that does not divide is a mistake
+    # (e.g. --set tp=5 on 96 heads), not something to round silently; `//` floors on purpose.
+    if b == 0 or a % b:
+        raise ZeroDivisionError(f"{a} / {b} is not a whole number (use // to round down)")
+    return a // b
+
+
 _BINOPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul,
-           ast.FloorDiv: operator.floordiv, ast.Div: operator.floordiv, ast.Mod: operator.mod,
+           ast.FloorDiv: operator.floordiv, ast.Div: _exact_div, ast.Mod: operator.mod,
            ast.Pow: operator.pow}
 
 
@@ -55,7 +63,10 @@ def eval_size(expr: object, sizes: Mapping[str, int], where: str) -> object:
                 raise KitsuneError(f"{where}: unknown size {node.id!r}{closest(node.id, sizes)}")
             return sizes[node.id]
         if isinstance(node, ast.BinOp) and type(node.op) in _BINOPS:
-            return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+            try:
+                return _BINOPS[type(node.op)](ev(node.left), ev(node.right))
+            except ZeroDivisionError as e:
+                raise KitsuneError(f"{where}: {expr!r}: {e}") from None
         if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
             return -ev(node.operand)
         raise KitsuneError(f"{where}: {expr!r} is not an integer expression over sizes")

@@ -84,6 +84,8 @@ class Group:
 
     def full_inputs(self) -> list[str]:
         seen: dict[str, None] = {}
+        if self.row_op and self.values.get(self.row_in) == "ext":
+            seen[self.row_in] = None
         for c in self.pre + self.chain:
             for a in c.args:
                 if a.kind == "full":
@@ -235,8 +237,7 @@ def _add_row_op(reg: Region, grp: Group, name: str, x: str, external: bool) -> N
     if len(op.inputs) > 2:
         grp.beta = reg.root(op.inputs[2])
     if external:
-        grp.pre.append(ChainOp(x, "{a0}", [Arg("full", x)]))
-        grp.values[x] = "pre-ext"
+        grp.values[x] = "ext"
     grp.row_in = x
     out = reg.root(op.outputs[0])
     grp.values[out] = "post"
@@ -253,13 +254,13 @@ def _add_chain_op(reg: Region, grp: Group, name: str, allow_external_only: bool 
         return False
     if reg.shape2(out) != (grp.rows, grp.cols):
         return False
-    stage = "post" if (grp.kind != "row" or grp.row_op) else "pre"
+    stage = "post"
     args: list[Arg] = []
     any_val = False
     for t in op.inputs:
         t = reg.root(t)
         where = grp.values.get(t)
-        if where is not None and where != "pre-ext":
+        if where is not None and where != "ext":
             if where == "acc":
                 args.append(Arg("acc", grp.gemms.index(_producer(reg, t))))
             elif (where == "post") != (stage == "post"):
@@ -322,7 +323,7 @@ def _try_absorb(reg: Region, grp: Group, name: str) -> bool:
         if grp.kind != "ew" or grp.row_op:
             return False
         x = reg.root(op.inputs[0])
-        if grp.values.get(x) not in ("pre",) or reg.shape2(x) != (grp.rows, grp.cols):
+        if grp.values.get(x) != "post" or reg.shape2(x) != (grp.rows, grp.cols):
             return False
         grp.kind = "row"
         grp.pre, grp.chain = grp.chain, []
@@ -331,23 +332,7 @@ def _try_absorb(reg: Region, grp: Group, name: str) -> bool:
                 grp.values[k] = "pre"
         _add_row_op(reg, grp, name, x, external=False)
         return True
-    if grp.kind == "ew" and not grp.row_op:
-        # an ew group's chain is "post" until a row op arrives; keep its values marked "pre"
-        ok = _add_chain_op_ew(reg, grp, name)
-        return ok
     return _add_chain_op(reg, grp, name)
-
-
-def _add_chain_op_ew(reg: Region, grp: Group, name: str) -> bool:
-    # ew groups keep their values as "pre" so that a following row op can take them over
-    for k, v in list(grp.values.items()):
-        if v == "pre":
-            grp.values[k] = "post"
-    ok = _add_chain_op(reg, grp, name)
-    for k, v in list(grp.values.items()):
-        if v == "post":
-            grp.values[k] = "pre"
-    return ok
 
 
 def fuse(reg: Region, groups_of_ops: list[list[str]], start_gid: int = 0) -> list[Group]:
@@ -364,10 +349,6 @@ def fuse(reg: Region, groups_of_ops: list[list[str]], start_gid: int = 0) -> lis
             if cur is not None:
                 out.append(cur)
             cur = _new_group(reg, gid, name)
-            if cur.kind == "ew":
-                for k, v in list(cur.values.items()):
-                    if v == "post":
-                        cur.values[k] = "pre"
             gid += 1
         if cur is not None:
             out.append(cur)
@@ -384,14 +365,10 @@ def _set_stores(reg: Region, groups: list[Group]) -> None:
         produced += [reg.root(reg.graph.op(m).outputs[0]) for m in grp.gemms]
         stores = []
         for t in dict.fromkeys(produced):
-            if grp.values.get(t) == "pre-ext":
+            if grp.values.get(t) == "ext":
                 continue
             if t == grp.final or t in reg.outputs or reg.consumers_in(t, others):
                 stores.append(t)
-        for t in stores:
-            if grp.values.get(t) == "acc":
-                raise KitsuneError(f"region {reg.rid}: the raw product {t!r} of a fused dual GEMM is "
-                                   f"needed outside its group; split the group")
         grp.stores = stores
 
 
