@@ -16,7 +16,7 @@ import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate, sequential
 from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table)
-from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
 from kitsune_dse.errors import InfeasibleError
@@ -137,7 +137,8 @@ def whole_model_pipeline(graph: Graph, spec: HwSpec, step: int = 1) -> tuple[Est
                 est = best.estimate
                 chosen.append(("pipeline", sub.ops, best.choice))
             parts.append(est)
-    total = sequential(parts, strategy="pipeline",
+    total = compose_sequential(graph, spec, [(o, e) for (_, o, _), e in zip(chosen, parts)],
+                               strategy="pipeline",
                        regions=[{"strategy": s, "ops": list(o),
                                  "stages": [list(x) for x in c.stages] if c else None,
                                  "sms": list(c.sms) if c else None} for s, o, c in chosen])

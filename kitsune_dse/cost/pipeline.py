@@ -26,7 +26,7 @@ from kitsune_dse.cost.region import Region
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, best_gemm_tile, gemm_tiles,
                                        split_k_partials_bytes)
 from kitsune_dse.errors import InfeasibleError
-from kitsune_dse.graph.ir import OpClass
+from kitsune_dse.graph.ir import DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
 SPLIT_K_SLAB_COLS = 512
@@ -140,10 +140,10 @@ def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePl
                 if t in seen or g.producer(t) in region.op_set:
                     continue
                 seen.add(t)
-                if t in g.weights:
-                    w += b
+                if t in g.weights and g.op(o).info.patterns[t] is DepPattern.FULL:
+                    w += b        # every tile needs all of it: re-read per row-block unless in L2
                 else:
-                    i += b
+                    i += b        # read once in total, a share per tile (gathered rows, inputs)
         ob = sum(g.tensors[t].nbytes for t in region.outputs if g.producer(t) in sset)
         weights.append(w)
         ins.append(i)
@@ -230,7 +230,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
                     seen.add(t)
                     p = g.producer(t)
                     if p is None or p not in region.op_set:       # region input or weight
-                        if t in g.weights:
+                        if t in g.weights and g.op(o).info.patterns[t] is DepPattern.FULL:
                             d_r += b * (1 if resident[j] else N)
                             l2 += b * N if resident[j] and N > 1 else 0.0
                         else:

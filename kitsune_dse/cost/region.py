@@ -73,19 +73,63 @@ class Region:
         return float(sum(reads.values())), float(writes)
 
 
+def view_base(graph: Graph, t: str) -> str:
+    """The tensor whose memory `t` is: free views (reshape, leading-axis split...) alias it."""
+    while True:
+        p = graph.producer(t)
+        if p is None or not graph.op(p).info.is_view:
+            return t
+        t = graph.op(p).inputs[0]
+
+
+def _real_consumers(graph: Graph, t: str) -> set[str]:
+    """Ops reading `t`'s memory, looking through free views."""
+    out: set[str] = set()
+    for c in graph.consumers(t):
+        op = graph.op(c)
+        if op.info.is_view:
+            for t2 in op.outputs:
+                out |= _real_consumers(graph, t2)
+        else:
+            out.add(c)
+    return out
+
+
 def _kernel_rw(graph: Graph, group: tuple[str, ...]):
-    """Tensors a fused kernel reads from outside itself and writes for others."""
-    inside = {t for o in group for t in graph.op(o).outputs}
+    """Tensors (by the memory they alias) a fused kernel reads from outside itself and writes
+    for others."""
+    gs = set(group)
+    inside = {view_base(graph, t) for o in group for t in graph.op(o).outputs
+              if not graph.op(o).info.is_view}
     reads: dict[str, float] = {}
     for o in group:
+        if graph.op(o).info.is_view:
+            continue
         for t, b in graph.op(o).info.read_bytes.items():
-            if t not in inside:
-                reads[t] = max(reads.get(t, 0.0), float(b))
-    gs = set(group)
-    writes = {t: float(graph.tensors[t].nbytes) for o in group for t in graph.op(o).outputs
-              if (t in graph.outputs or any(c not in gs for c in graph.consumers(t)))
-              and not graph.op(o).info.is_view}
+            base = view_base(graph, t)
+            if base not in inside:
+                reads[base] = max(reads.get(base, 0.0), float(b))
+    writes = {}
+    for o in group:
+        if graph.op(o).info.is_view:
+            continue
+        for t in graph.op(o).outputs:
+            aliases_out = t in graph.outputs or any(
+                x in graph.outputs for x in _view_closure(graph, t))
+            if aliases_out or any(c not in gs for c in _real_consumers(graph, t)):
+                writes[t] = float(graph.tensors[t].nbytes)
     return reads, writes
+
+
+def _view_closure(graph: Graph, t: str) -> list[str]:
+    out = []
+    for c in graph.consumers(t):
+        op = graph.op(c)
+        if op.info.is_view:
+            for t2 in op.outputs:
+                out.append(t2)
+                out += _view_closure(graph, t2)
+    return out
 
 
 def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sms=None,
@@ -114,19 +158,19 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
                 l2_r += b
             else:
                 d_r += b
-                if g.is_intermediate(t) or t in g.outputs:
+                if g.producer(t) in region.op_set:
                     written_to_dram.add(t)
             last_touch[t] = i
         d_w = 0.0
         for t, b in writes.items():
             last_touch[t] = i
-            if t in region.outputs:
+            if t in region.outputs or any(x in region.outputs for x in _view_closure(g, t)):
                 d_w += b
         works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r))
     # an intermediate evicted before its consumer ran had to be written to DRAM first
     extra = {}
     for t in written_to_dram:
-        if t in region.outputs:
+        if t in region.outputs or any(x in region.outputs for x in _view_closure(g, t)):
             continue
         p = g.producer(t)
         for k, grp in enumerate(groups):
@@ -175,3 +219,42 @@ def is_fusible_reduction_owner(region: Region, group: tuple[str, ...]) -> bool:
         if i.op_class is OpClass.GEMM and i.gemm is not None and i.gemm.n > 256:
             return False
     return True
+
+
+def compose_sequential(graph: Graph, spec: HwSpec, parts: list[tuple[tuple[str, ...], "Estimate"]],
+                       **breakdown) -> "Estimate":
+    """Regions run one after another. A tensor one region hands to a later one stays in L2 when
+    it fits the usable L2 together with the traffic of the regions in between; then neither its
+    write nor its re-read reaches DRAM (latency is kept as predicted per region: conservative)."""
+    from kitsune_dse.cost.estimate import sequential
+    total = sequential([e for _, e in parts], **breakdown)
+    where = {}
+    for i, (ops, _) in enumerate(parts):
+        for o in ops:
+            where[o] = i
+    traffic = [e.dram_bytes + e.l2_bytes for _, e in parts]
+    saved_r = saved_w = 0.0
+    for i, (ops, e) in enumerate(parts):
+        for o in ops:
+            op = graph.op(o)
+            if op.info.is_view:
+                continue
+            for t in op.outputs:
+                if t in graph.outputs or any(x in graph.outputs for x in _view_closure(graph, t)):
+                    continue
+                later = sorted({where[c] for c in _real_consumers(graph, t) if where.get(c, i) > i})
+                if not later:
+                    continue
+                size = float(graph.tensors[t].nbytes)
+                between = sum(traffic[i + 1:later[-1]])
+                if size + between <= spec.l2_usable_bytes:
+                    saved_w += size
+                    for j in later:
+                        saved_r += max(float(graph.op(c).info.read_bytes.get(
+                            next((a for a in [t, *_view_closure(graph, t)]
+                                  if a in graph.op(c).info.read_bytes), t), 0.0))
+                            for c in _real_consumers(graph, t) if where.get(c) == j)
+    from dataclasses import replace as _replace
+    return _replace(total, dram_read_bytes=max(0.0, total.dram_read_bytes - saved_r),
+                    dram_write_bytes=max(0.0, total.dram_write_bytes - saved_w),
+                    breakdown={**total.breakdown, "l2_handoff_saved_bytes": saved_r + saved_w})

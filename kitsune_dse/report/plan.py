@@ -13,9 +13,9 @@ import hashlib
 import json
 from pathlib import Path
 
-from kitsune_dse.cost.estimate import Estimate, sequential
+from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages
-from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (bsp, concurrent, fusion, fusion_groups, levels, tilesync)
 from kitsune_dse.errors import InfeasibleError, KitsuneError
 from kitsune_dse.graph.ir import Graph
@@ -88,8 +88,8 @@ def build_plan(graph: Graph, model_ref: str, spec: HwSpec, regions: list[tuple],
     rdicts, ests = [], []
     for i, (ops, strat, est, choice) in enumerate(regions):
         rdicts.append(region_dict(i, Region.of(graph, ops), strat, est, choice, spec))
-        ests.append(est)
-    total = sequential(ests)
+        ests.append((tuple(ops), est))
+    total = compose_sequential(graph, spec, ests)
     return {
         "schema": SCHEMA_ID,
         "model": {"name": graph.name, "ref": model_ref, "sizes": dict(graph.meta.get("sizes", {})),

@@ -59,12 +59,14 @@ class Group:
     rows: int
     cols: int
     gemms: list[str] = field(default_factory=list)
+    gemm_outs: list[str] = field(default_factory=list)   # output tensor of each GEMM
     a: str | None = None                   # GEMM A operand
     weights: list[str] = field(default_factory=list)
     k: int = 0
     row_op: str | None = None
     row_kind: int = -1
     row_in: str | None = None              # the value the row op normalises
+    row_out: str | None = None             # the row op's output
     gamma: str | None = None
     beta: str | None = None
     eps: float = 1e-5
@@ -119,6 +121,7 @@ class Region:
         for o in self.all_ops:
             graph.op(o)  # KitsuneError for an unknown name
         self.alias: dict[str, str] = {}
+        self.extra_shapes: dict[str, tuple[int, int]] = {}   # harness temporaries (cuBLAS raw products)
         self.ops: list[str] = []
         dtypes = set()
         for name in self.all_ops:
@@ -159,6 +162,8 @@ class Region:
         return t
 
     def shape2(self, t: str) -> tuple[int, int]:
+        if t in self.extra_shapes:
+            return self.extra_shapes[t]
         return rows_cols(self.graph.tensors[t].shape)
 
     def consumers_in(self, t: str, ops: list[str]) -> list[str]:
@@ -198,7 +203,8 @@ def _new_group(reg: Region, gid: int, name: str) -> Group:
             raise _unsupported(reg, name, "B must be a 2-D matrix")
         if gd.k % 8 or gd.n % 8:
             raise _unsupported(reg, name, f"K={gd.k} and N={gd.n} must be multiples of 8")
-        grp = Group(gid, "gemm", [name], rows, cols, gemms=[name], a=a, weights=[w], k=gd.k)
+        grp = Group(gid, "gemm", [name], rows, cols, gemms=[name], gemm_outs=[out], a=a, weights=[w],
+                    k=gd.k)
         grp.values[out] = "acc"
         if len(op.inputs) == 3:
             bias = reg.root(op.inputs[2])
@@ -240,6 +246,7 @@ def _add_row_op(reg: Region, grp: Group, name: str, x: str, external: bool) -> N
         grp.values[x] = "ext"
     grp.row_in = x
     out = reg.root(op.outputs[0])
+    grp.row_out = out
     grp.values[out] = "post"
     grp.final = out
 
@@ -262,7 +269,7 @@ def _add_chain_op(reg: Region, grp: Group, name: str, allow_external_only: bool 
         where = grp.values.get(t)
         if where is not None and where != "ext":
             if where == "acc":
-                args.append(Arg("acc", grp.gemms.index(_producer(reg, t))))
+                args.append(Arg("acc", grp.gemm_outs.index(t)))
             elif (where == "post") != (stage == "post"):
                 return False     # a value from before the row op is not kept for after it
             else:
@@ -308,6 +315,7 @@ def _try_absorb(reg: Region, grp: Group, name: str) -> bool:
         if a != grp.a or reg.shape2(out) != (grp.rows, grp.cols) or op.info.gemm.k != grp.k:
             return False
         grp.gemms.append(name)
+        grp.gemm_outs.append(out)
         grp.weights.append(w)
         grp.ops.append(name)
         grp.values[out] = "acc"
@@ -374,6 +382,33 @@ def _set_stores(reg: Region, groups: list[Group]) -> None:
 
 def bsp_groups(reg: Region) -> list[Group]:
     return fuse(reg, [[o] for o in reg.ops])
+
+
+def cublas_plan(reg: Region) -> list[tuple[str, object]]:
+    """The cuBLAS baseline: ("cublas", (A, B, out)) for each matmul (the raw product; a bias and
+    the rest follow as kernels of this harness: ("group", Group))."""
+    steps: list[tuple[str, object]] = []
+    gid = 0
+    for grp in bsp_groups(reg):
+        if grp.kind != "gemm":
+            grp.gid = gid
+            gid += 1
+            steps.append(("group", grp))
+            continue
+        out = grp.gemm_outs[0]
+        if not grp.chain:
+            steps.append(("cublas", (grp.a, grp.weights[0], out)))
+            continue
+        raw = out + ":raw"
+        reg.extra_shapes[raw] = (grp.rows, grp.cols)
+        steps.append(("cublas", (grp.a, grp.weights[0], raw)))
+        bias = grp.chain[0].args[1]
+        ew = Group(gid, "ew", list(grp.ops), grp.rows, grp.cols,
+                   chain=[ChainOp(out, "({a0} + {a1})", [Arg("full", raw), bias])],
+                   values={out: "post"}, stores=[out], final=out)
+        gid += 1
+        steps.append(("group", ew))
+    return steps
 
 
 def fusion_groups(reg: Region) -> list[Group]:
