@@ -12,6 +12,7 @@ the H100 SXM datasheet/FACTS figures:
 from __future__ import annotations
 
 import math
+import os
 
 from hypothesis import strategies as st
 
@@ -105,7 +106,17 @@ def gather_graph(vocab: int, dim: int, n_idx: int, dtype="fp16") -> Graph:
     return build("gather", t, ops, ["table", "idx"], [])
 
 
-# -- hypothesis strategies -----------------------------------------------------------------------
+# -- hypothesis strategies ----------------------------------------------------------------------
+# KITSUNE_DSE_PROPERTY_SCALE=10 runs every property test with ten times its examples (a longer
+# hunt than the default suite can afford)
+_SCALE = float(os.environ.get("KITSUNE_DSE_PROPERTY_SCALE", "1"))
+
+
+def examples(n: int) -> int:
+    return max(1, int(n * _SCALE))
+
+
+# -----------------------------------------------------------------------
 ROWS = (64, 256, 1024, 4096, 8192)
 WIDTHS = (64, 256, 1024, 4096, 8192)
 UNARY = ("relu", "gelu", "scale", "exp")
@@ -192,4 +203,4 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = ["H100", "L2_USABLE", "MiB", "spec", "hbm_curve", "build", "chain_graph", "gemm_graph",
            "mlp_graph", "two_gemms_graph", "full_dep_graph", "gather_graph", "small_graphs",
-           "spec_variants", "scale_sms", "scale_flops", "scale_bandwidth", "ceil_div", "math"]
+           "spec_variants", "examples", "scale_sms", "scale_flops", "scale_bandwidth", "ceil_div", "math"]

@@ -11,6 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from helpers_graphs import examples
 from kitsune_dse.cost.queues import simulate, simulate_reference
 
 
@@ -110,7 +111,7 @@ def test_bad_depths_are_rejected():
 
 
 # -- closed forms --------------------------------------------------------------------------------
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(t=st.lists(st.floats(0.01, 10), min_size=1, max_size=5), n=st.integers(1, 40),
        sync=st.sampled_from([0.0, 0.3]))
 def test_deep_queues_give_sum_plus_n_minus_one_times_max(t, n, sync):
@@ -120,7 +121,7 @@ def test_deep_queues_give_sum_plus_n_minus_one_times_max(t, n, sync):
     assert r.makespan_s == pytest.approx(expected, rel=1e-9)
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(t=st.floats(0.01, 10), J=st.integers(1, 6), n=st.integers(1, 50))
 def test_equal_stages_deep_queues(t, J, n):
     r = simulate(np.full((J, n), t), [n] * (J - 1))
@@ -129,7 +130,7 @@ def test_equal_stages_deep_queues(t, J, n):
         assert r.period_s == pytest.approx(t, rel=1e-9)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(t0=st.floats(0.01, 10), t1=st.floats(0.01, 10), n=st.integers(2, 30))
 def test_two_stages_depth_one_period_is_the_slower_stage(t0, t1, n):
     # derived above: D0[n] = max(D0[n-1]+t0, D1[n-1]), D1[n] = max(D0[n], D1[n-1]) + t1
@@ -156,7 +157,7 @@ def tandem(draw):
     return np.array(t, dtype=float), depth, sync
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(tandem())
 def test_simulate_equals_the_reference_loop(case):
     t, depth, sync = case
@@ -165,7 +166,7 @@ def test_simulate_equals_the_reference_loop(case):
     np.testing.assert_allclose(r.departures, ref, rtol=1e-9, atol=1e-9)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(tandem())
 def test_chunked_fallback_equals_the_reference_loop(case):
     # max_sweeps=0 forces the exact chunked evaluation
@@ -175,7 +176,7 @@ def test_chunked_fallback_equals_the_reference_loop(case):
                                rtol=1e-9, atol=1e-9)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(tandem())
 def test_invariants_occupancy_stall_and_causality(case):
     t, depth, sync = case
@@ -200,7 +201,7 @@ def test_invariants_occupancy_stall_and_causality(case):
         assert deeper.makespan_s <= r.makespan_s + 1e-9
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(tandem())
 def test_unclipped_stall_is_non_negative(case):
     # stall = (last departure - first start) - busy time; it must not need clipping

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers_graphs import H100, MiB, chain_graph, gemm_graph, hbm_curve, spec
+from helpers_graphs import examples, H100, MiB, chain_graph, gemm_graph, hbm_curve, spec
 from kitsune_dse.cost.region import Region, kernel_works
 from kitsune_dse.cost.roofline import (GEMM_TILES, KernelWork, best_gemm_tile, gemm_tiles,
                                        kernel_time, split_k_partials_bytes)
@@ -196,7 +196,7 @@ def test_best_gemm_tile_prefers_the_larger_tile_on_ties_and_never_loses_to_any_c
     assert w.tile_shape == (128, 256) and w.split_k == 1
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(tflops=st.floats(0, 1e12), simt=st.floats(0, 1e10), dr=st.floats(0, 1e9),
        l2=st.floats(0, 1e9), tiles=st.integers(1, 5000), cps=st.integers(1, 4))
 def test_latency_never_increases_with_more_sms(tflops, simt, dr, l2, tiles, cps):

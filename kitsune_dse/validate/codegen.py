@@ -227,10 +227,11 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
             a = bufs.idx(grp.a)
             b0 = bufs.idx(grp.weights[0])
             b1 = bufs.idx(grp.weights[1]) if grp.nb == 2 else b0
-            lines = [f"extern \"C\" __global__ void __launch_bounds__(256, 1) {kname}(void* const* bufs) {{",
+            lb = 2 if grp.nb == 1 else 1   # two CTAs per SM fit 128 registers (no spills, ptxas -v)
+            lines = [f"extern \"C\" __global__ void __launch_bounds__(256, {lb}) {kname}(void* const* bufs) {{",
                      "    extern __shared__ __align__(128) unsigned char smem[];",
                      f"    typedef {cfg['type']} Cfg;",
-                     f"    const int ct = blockIdx.x, rb = blockIdx.y;",
+                     "    const int ct = blockIdx.x, rb = blockIdx.y;",
                      f"    const int m0 = rb * {bm};",
                      f"    const elem_t* A = (const elem_t*)bufs[{a}] + (size_t)m0 * {k};",
                      f"    const elem_t* B0 = (const elem_t*)bufs[{b0}];",

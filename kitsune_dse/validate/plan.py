@@ -92,8 +92,13 @@ def check_plan(plan: dict, where: str = "<plan>") -> None:
                 raise KitsuneError(f"ops {missing} are in no stage", where=w)
             for j, q in enumerate(r.get("queues", []) or []):
                 wq = f"{w}.queues[{j}]"
-                for k in ("producer", "consumer", "tensor"):
+                for k in ("producer", "consumer"):
                     _need(q, k, wq)
+                if not (q.get("tensors") or q.get("tensor")):
+                    raise KitsuneError("missing required field 'tensors'", where=wq)
+                for k in ("producer", "consumer"):
+                    if not isinstance(q[k], int) or not 0 <= q[k] < len(stages):
+                        raise KitsuneError(f"{k} {q[k]!r} is not a stage index", where=wq)
                 if q.get("mode", "row") not in QUEUE_MODES:
                     raise KitsuneError(f"mode {q.get('mode')!r} is not one of {', '.join(QUEUE_MODES)}", where=wq)
                 if int(q.get("depth", 2)) < 1:

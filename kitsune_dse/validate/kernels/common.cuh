@@ -13,6 +13,7 @@ typedef unsigned long long u64;
 typedef KDSE_ELEM elem_t;
 
 #define KDSE_INLINE __device__ __forceinline__
+#define KDSE_NEG_INF (__int_as_float(0xff800000))
 
 // ---- element conversions -----------------------------------------------------------------------
 KDSE_INLINE float to_f(__half x) { return __half2float(x); }

@@ -29,7 +29,7 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
             if (c < cols) g.pre(r, c, xc[v], true);
             else {
 #pragma unroll
-                for (int q = 0; q < 8; ++q) xc[v][q] = KIND == ROW_SOFTMAX ? -INFINITY : 0.f;
+                for (int q = 0; q < 8; ++q) xc[v][q] = KIND == ROW_SOFTMAX ? KDSE_NEG_INF : 0.f;
             }
         }
         if (KIND == ROW_LN) {
@@ -53,7 +53,7 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
                 for (int q = 0; q < 8; ++q) s1 += xc[v][q] * xc[v][q];
             scale = rsqrtf(warp_sum(s1) / cols + eps);
         } else {
-            float m = -INFINITY;
+            float m = KDSE_NEG_INF;
 #pragma unroll
             for (int v = 0; v < VPL; ++v)
 #pragma unroll
@@ -66,7 +66,7 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
             scale = 1.f / warp_sum(s1);
         }
     } else {
-        float m = -INFINITY;
+        float m = KDSE_NEG_INF;
         for (int c = lane * 8; c < cols; c += 256) {
             float x[8];
             g.pre(r, c, x, false);
@@ -94,7 +94,7 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
             scale = rsqrtf(warp_sum(s1) / cols + eps);
         } else {
             const float mx = warp_max(m);
-            s1 = (m == -INFINITY) ? 0.f : s1 * __expf(m - mx);
+            s1 = (m == KDSE_NEG_INF) ? 0.f : s1 * __expf(m - mx);
             mean = mx;
             scale = 1.f / warp_sum(s1);
         }
