@@ -158,6 +158,13 @@ def small_graphs(draw, max_ops: int = 5, allow_fp32: bool = True) -> Graph:
     return build("random", tensors, ops, ["x"], weights)
 
 
+def describe(g: Graph) -> str:
+    """A one-line listing of a graph, for hypothesis.note() in failing examples."""
+    ts = g.tensors
+    return "; ".join(f"{o.name}={o.kind}({', '.join(f'{t}{list(ts[t].shape)}' for t in o.inputs)})"
+                     f"->{o.outputs[0]}" for o in g.ops) + f" [{ts[g.inputs[0]].dtype}]"
+
+
 @st.composite
 def spec_variants(draw) -> HwSpec:
     """The test spec with random SM count (per-SM rates kept), bandwidths, L2 size and
@@ -203,4 +210,4 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = ["H100", "L2_USABLE", "MiB", "spec", "hbm_curve", "build", "chain_graph", "gemm_graph",
            "mlp_graph", "two_gemms_graph", "full_dep_graph", "gather_graph", "small_graphs",
-           "spec_variants", "examples", "scale_sms", "scale_flops", "scale_bandwidth", "ceil_div", "math"]
+           "spec_variants", "describe", "examples", "scale_sms", "scale_flops", "scale_bandwidth", "ceil_div", "math"]

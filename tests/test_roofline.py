@@ -100,9 +100,6 @@ def test_few_tiles_use_only_as_many_sms_as_tiles():
     assert kernel_time(w, H100, 4) == pytest.approx(8 * MiB / hbm_curve(4))
 
 
-@pytest.mark.xfail(strict=True, reason="bug: kernel_time counts ceil(tiles/ctas_per_sm) SMs in "
-                   "use and ceil(tiles/(s*cps))*cps tile-times of compute, but the CTA scheduler "
-                   "spreads a short grid over distinct SMs (64 CTAs -> 64 SMs)")
 def test_a_grid_smaller_than_the_gpu_spreads_over_distinct_sms():
     # 64 CTAs of a 2-CTAs-per-SM kernel on 132 SMs: one CTA on each of 64 SMs
     w = KernelWork("ew", "fp16", simt_flops=64 * 1e6, dram_read_bytes=2 * MiB,

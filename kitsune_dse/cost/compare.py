@@ -23,7 +23,7 @@ from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import Graph
 from kitsune_dse.hw.spec import HwSpec
 
-TILE_ROWS = (64, 128, 256)
+TILE_ROWS = (64, 128, 256, 512, 1024, 2048, 4096, 8192)
 MAX_STAGES = 4
 MAX_ATOMS_PER_PIPELINE = 6
 
@@ -70,6 +70,12 @@ def balance_sms(region: Region, spec: HwSpec, choice: PipelineChoice, step: int 
     _, split = split_sms([tab[j] for j in range(J)], total, step)
     if not split:
         return None
+    # split_sms gives each stage the fewest SMs that meet the bottleneck time; hand the SMs
+    # left over to the slowest stage, step by step, since an idle SM helps nobody
+    split = list(split)
+    while sum(split) + step <= total:
+        j = max(range(J), key=lambda k: (tab[k][split[k]], -k))
+        split[j] += step
     return PipelineChoice(choice.stages, tuple(split), choice.tile_rows, choice.depths, choice.modes)
 
 
@@ -81,7 +87,7 @@ class PipelineCandidate:
 
 
 def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages: int = MAX_STAGES,
-                        depths=(2, 4)):
+                        depths=(2,)):
     """Every stage split of a streamable region (cuts between fused groups), each with balanced
     SMs, for each tile size, queue mode and depth; infeasible ones are skipped."""
     g = region.graph
@@ -96,7 +102,7 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
             mode_sets = [("row",) * (k - 1)]
             if k > 1:
                 mode_sets.append(tuple("split_k" for _ in range(k - 1)))
-            tiles = tile_opts if k > 1 else [max(1, rows_first)]
+            tiles = tile_opts + [max(1, rows_first)] if k == 1 else tile_opts
             for tile_rows in tiles:
                 for modes in mode_sets:
                     for depth in (depths if k > 1 else (1,)):

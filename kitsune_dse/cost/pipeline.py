@@ -22,7 +22,7 @@ import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.queues import simulate
-from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, best_gemm_tile, gemm_tiles,
                                        split_k_partials_bytes)
 from kitsune_dse.errors import InfeasibleError
@@ -164,6 +164,12 @@ def _resident_weights(plan: StagePlan, budget: float) -> list[bool]:
     return res
 
 
+def ring_bytes(plan: StagePlan) -> float:
+    """L2 the ring queues occupy: depth slots each, but never more slots than tiles exist."""
+    return float(sum(min(d, plan.row_blocks) * sb
+                     for d, sb in zip(plan.choice.depths, plan.slot_bytes)))
+
+
 def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
                k_streamed: bool = False, row_blocks: int = 1) -> KernelWork:
     """One hand-off unit of a stage's fused group. A GEMM fed slab by slab through a split_k
@@ -204,16 +210,16 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     sms = c.sms if sms is None else sms
     N, slabs = plan.row_blocks, plan.slabs
     units = N * slabs
-    queue_bytes = sum(d * s for d, s in zip(c.depths, plan.slot_bytes))
+    queue_bytes = ring_bytes(plan)
     budget = spec.l2_usable_bytes
     spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
     resident = _resident_weights(plan, max(0.0, budget - min(queue_bytes, budget)))
+    resident_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if N > 1 else 0.0
+    intra_budget = max(0.0, budget - min(queue_bytes, budget) - resident_w)
     out = []
     tot_r = tot_w = reread = spill = 0.0
+    inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     for j, st in enumerate(c.stages):
-        q_in = plan.slot_bytes[j - 1] if j > 0 else 0.0
-        q_out = plan.slot_bytes[j] if j < len(c.stages) - 1 else 0.0
-        spill += spill_frac * q_out * N * 2
         reread += plan.stage_weights[j] * (0 if resident[j] else N - 1)
         sub = Region.of(g, st)
         atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
@@ -233,23 +239,34 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
                         if t in g.weights and g.op(o).info.patterns[t] is DepPattern.FULL:
                             d_r += b * (1 if resident[j] else N)
                             l2 += b * N if resident[j] and N > 1 else 0.0
+                        elif handed_over(region, spec, t) or t in inputs_read:
+                            l2 += b
                         else:
                             d_r += b
+                            inputs_read.add(t)
                     elif p in sub.op_set:                          # from an earlier group of the stage
-                        l2 += b
+                        if b / units <= intra_budget:
+                            l2 += b
+                        else:                                      # a unit's worth overflows L2
+                            d_r += b
                     else:                                          # through an input queue
                         d_r += spill_frac * b
+                        spill += spill_frac * b
                         l2 += (1 - spill_frac) * b
             for o in atom:
                 for t in g.op(o).outputs:
                     b = g.tensors[t].nbytes
-                    if t in region.outputs:
+                    if t in region.outputs and not handed_over(region, spec, t):
                         d_w += b
                     cons = [x for x in g.consumers(t) if x in region.op_set and x not in aset]
                     if any(x in sub.op_set for x in cons):
-                        l2 += b
+                        if b / units <= intra_budget:
+                            l2 += b
+                        else:                                      # written once, re-read by each
+                            d_w += b
                     if any(x not in sub.op_set for x in cons):    # into an output queue
                         d_w += spill_frac * b
+                        spill += spill_frac * b
                         l2 += (1 - spill_frac) * b
             tot_r += d_r
             tot_w += d_w

@@ -13,12 +13,13 @@ kernel touches whether it crosses DRAM:
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, best_gemm_tile, gemm_tiles,
-                                       split_k_partials_bytes)
+from kitsune_dse.cost.roofline import (GEMM_TILES, MEM_TILE_BYTES, SPLIT_K, KernelWork,
+                                       best_gemm_tile, gemm_tiles, split_k_partials_bytes)
 from kitsune_dse.graph.ir import Graph, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
@@ -73,6 +74,7 @@ class Region:
         return float(sum(reads.values())), float(writes)
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def view_base(graph: Graph, t: str) -> str:
     """The tensor whose memory `t` is: free views (reshape, leading-axis split...) alias it."""
     while True:
@@ -82,7 +84,8 @@ def view_base(graph: Graph, t: str) -> str:
         t = graph.op(p).inputs[0]
 
 
-def _real_consumers(graph: Graph, t: str) -> set[str]:
+@functools.lru_cache(maxsize=1 << 16)
+def _real_consumers(graph: Graph, t: str) -> frozenset[str]:
     """Ops reading `t`'s memory, looking through free views."""
     out: set[str] = set()
     for c in graph.consumers(t):
@@ -92,7 +95,7 @@ def _real_consumers(graph: Graph, t: str) -> set[str]:
                 out |= _real_consumers(graph, t2)
         else:
             out.add(c)
-    return out
+    return frozenset(out)
 
 
 def _kernel_rw(graph: Graph, group: tuple[str, ...]):
@@ -121,15 +124,32 @@ def _kernel_rw(graph: Graph, group: tuple[str, ...]):
     return reads, writes
 
 
-def _view_closure(graph: Graph, t: str) -> list[str]:
-    out = []
+@functools.lru_cache(maxsize=1 << 16)
+def _view_closure(graph: Graph, t: str) -> tuple[str, ...]:
+    out: list[str] = []
     for c in graph.consumers(t):
         op = graph.op(c)
         if op.info.is_view:
             for t2 in op.outputs:
                 out.append(t2)
                 out += _view_closure(graph, t2)
-    return out
+    return tuple(out)
+
+
+def handed_over(region: Region, spec: HwSpec, t: str) -> bool:
+    """Whether tensor `t` crosses this region's boundary through L2 rather than DRAM: it is
+    produced by one region and consumed by another (not a graph input, weight or output) and it
+    fits the usable L2. Regions run back to back, so such a hand-off stays in L2; this keeps
+    region costs additive for the solver (skip connections spanning large regions are the case
+    this credits too generously)."""
+    g = region.graph
+    base = view_base(g, t)
+    if g.producer(base) is None or base in g.outputs or any(x in g.outputs for x in _view_closure(g, base)):
+        return False
+    inside_p = g.producer(base) in region.op_set
+    cons = _real_consumers(g, base)
+    crosses = (not inside_p) or any(c not in region.op_set for c in cons)
+    return crosses and g.tensors[base].nbytes <= spec.l2_usable_bytes
 
 
 def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sms=None,
@@ -154,7 +174,7 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
             j = last_touch.get(t)
             between = prefix[i] - prefix[j + 1] if j is not None else math.inf
             size = float(g.tensors[t].nbytes)
-            if j is not None and size + between <= budget:
+            if (j is not None and size + between <= budget) or handed_over(region, spec, t):
                 l2_r += b
             else:
                 d_r += b
@@ -164,7 +184,8 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         d_w = 0.0
         for t, b in writes.items():
             last_touch[t] = i
-            if t in region.outputs or any(x in region.outputs for x in _view_closure(g, t)):
+            if ((t in region.outputs or any(x in region.outputs for x in _view_closure(g, t)))
+                    and not handed_over(region, spec, t)):
                 d_w += b
         works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r))
     # an intermediate evicted before its consumer ran had to be written to DRAM first
@@ -210,6 +231,26 @@ def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_r
                       tiles=tiles, ctas_per_sm=2)
 
 
+def kernel_variants(region: Region, group: tuple[str, ...], spec: HwSpec, work: KernelWork):
+    """The same kernel (same traffic) with every CTA tile and split-K a GEMM library could pick;
+    a non-GEMM kernel has one variant."""
+    g = region.graph
+    gemms = [g.op(o).info for o in group if g.op(o).info.gemm is not None]
+    if not gemms:
+        return [work]
+    gd = max(gemms, key=lambda i: i.flops).gemm
+    base_l2 = work.l2_bytes - split_k_partials_bytes(gd.batch, gd.m, gd.n, work.split_k)
+    out = []
+    for tile in GEMM_TILES:
+        for ks in SPLIT_K:
+            if ks > 1 and gd.k // ks < 256:
+                break
+            out.append(replace(work, tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks,
+                               tile_shape=tile, split_k=ks,
+                               l2_bytes=base_l2 + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks)))
+    return out
+
+
 def is_fusible_reduction_owner(region: Region, group: tuple[str, ...]) -> bool:
     """A row reduction can join a group only if one CTA owns whole rows of its output: no GEMM
     in the group, or the GEMM's N fits one CTA tile (<= 256 columns)."""
@@ -221,40 +262,8 @@ def is_fusible_reduction_owner(region: Region, group: tuple[str, ...]) -> bool:
     return True
 
 
-def compose_sequential(graph: Graph, spec: HwSpec, parts: list[tuple[tuple[str, ...], "Estimate"]],
-                       **breakdown) -> "Estimate":
-    """Regions run one after another. A tensor one region hands to a later one stays in L2 when
-    it fits the usable L2 together with the traffic of the regions in between; then neither its
-    write nor its re-read reaches DRAM (latency is kept as predicted per region: conservative)."""
+def compose_sequential(graph: Graph, spec: HwSpec, parts, **breakdown):
+    """Regions run one after another; hand-offs between them are already priced by each region
+    (see handed_over), so totals add up."""
     from kitsune_dse.cost.estimate import sequential
-    total = sequential([e for _, e in parts], **breakdown)
-    where = {}
-    for i, (ops, _) in enumerate(parts):
-        for o in ops:
-            where[o] = i
-    traffic = [e.dram_bytes + e.l2_bytes for _, e in parts]
-    saved_r = saved_w = 0.0
-    for i, (ops, e) in enumerate(parts):
-        for o in ops:
-            op = graph.op(o)
-            if op.info.is_view:
-                continue
-            for t in op.outputs:
-                if t in graph.outputs or any(x in graph.outputs for x in _view_closure(graph, t)):
-                    continue
-                later = sorted({where[c] for c in _real_consumers(graph, t) if where.get(c, i) > i})
-                if not later:
-                    continue
-                size = float(graph.tensors[t].nbytes)
-                between = sum(traffic[i + 1:later[-1]])
-                if size + between <= spec.l2_usable_bytes:
-                    saved_w += size
-                    for j in later:
-                        saved_r += max(float(graph.op(c).info.read_bytes.get(
-                            next((a for a in [t, *_view_closure(graph, t)]
-                                  if a in graph.op(c).info.read_bytes), t), 0.0))
-                            for c in _real_consumers(graph, t) if where.get(c) == j)
-    from dataclasses import replace as _replace
-    return _replace(total, dram_read_bytes=max(0.0, total.dram_read_bytes - saved_r),
-                    dram_write_bytes=max(0.0, total.dram_write_bytes - saved_w),
-                    breakdown={**total.breakdown, "l2_handoff_saved_bytes": saved_r + saved_w})
+    return sequential([e for _, e in parts], **breakdown)

@@ -1,12 +1,13 @@
 """Roofline with an SM share.
 
 One kernel (an op or a fused group) described by its KernelWork runs on `sms` SMs:
-  compute  = waves * ctas_per_sm * (tensor FLOP per tile / tensor rate per SM
-                                    + SIMT FLOP per tile / SIMT rate per SM)
-  memory   = DRAM bytes / HBM bandwidth reachable from the SMs in use (saturating curve)
+  compute  = ceil(tiles / sms) * (tensor FLOP per tile / tensor rate per SM
+                                  + SIMT FLOP per tile / SIMT rate per SM)
+             (the block scheduler spreads CTAs over distinct SMs; the busiest SM sets the time)
+  memory   = DRAM bytes / HBM bandwidth reachable from the min(sms, tiles) SMs in use
            + nothing else when L2 reads overlap; L2-resident bytes / L2 bandwidth bound apart
   latency  = max(compute, dram, l2)
-with waves = ceil(tiles / (sms * ctas_per_sm)): the last wave is quantized. All functions accept
+so a grid of tiles just above a multiple of the SM count pays a nearly empty last wave. All functions accept
 a NumPy array of SM counts and return arrays, so cost tables over every SM count are one call.
 """
 from __future__ import annotations
@@ -52,17 +53,22 @@ class KernelWork:
 def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     """Latency of `work` on `sms` SMs (scalar or array). With parts=True also returns the
     compute, DRAM and L2 terms and the wave count."""
+    if np.ndim(sms) == 0 and not parts:
+        return _kernel_time_scalar(work, spec, float(sms))
     s = np.maximum(np.asarray(sms, dtype=float), 1.0)
     cps = max(1, work.ctas_per_sm)
     tiles = max(1, work.tiles)
     waves = np.ceil(tiles / (s * cps))
+    # the block scheduler spreads a grid over distinct SMs first; the busiest SM runs
+    # ceil(tiles / s) CTAs, sharing its rate among those resident at once
+    per_sm = np.ceil(tiles / s)
     per_tile = 0.0
     if work.tensor_flops:
         per_tile += work.tensor_flops / tiles / spec.tensor_rate_per_sm(work.dtype)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
-    compute = waves * cps * per_tile
-    used = np.minimum(s, math.ceil(tiles / cps))
+    compute = per_sm * per_tile
+    used = np.minimum(s, tiles)
     dram = work.dram_bytes / spec.hbm_bandwidth_from(used) if work.dram_bytes else np.zeros_like(s)
     l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
     lat = np.maximum(np.maximum(compute, dram), l2)
@@ -70,6 +76,34 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
         lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
     if parts:
         return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves}
+    return lat
+
+
+def _smooth_min(lin: float, bmax: float, p: float) -> float:
+    return (lin ** -p + bmax ** -p) ** (-1.0 / p)
+
+
+def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
+    """kernel_time for one SM count without NumPy overhead (the search calls it ~10^5 times);
+    tests check it equals the vectorised form."""
+    s = max(sms, 1.0)
+    cps = max(1, work.ctas_per_sm)
+    tiles = max(1, work.tiles)
+    per_tile = 0.0
+    if work.tensor_flops:
+        per_tile += work.tensor_flops / tiles / spec.tensor_rate_per_sm(work.dtype)
+    if work.simt_flops:
+        per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
+    lat = math.ceil(tiles / s) * per_tile
+    used = max(min(s, tiles), 1e-9)
+    e = spec.efficiency
+    p = e.hbm_saturation_exponent
+    if work.dram_bytes:
+        bw = _smooth_min(used * spec.hbm_per_sm_bandwidth_Bps, spec.hbm_bandwidth_Bps * e.hbm, p)
+        lat = max(lat, work.dram_bytes / bw)
+    if work.l2_bytes:
+        bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
+        lat = max(lat, work.l2_bytes / bw)
     return lat
 
 

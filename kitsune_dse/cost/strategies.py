@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.region import Region, is_fusible_reduction_owner, kernel_works
+from kitsune_dse.cost.region import (Region, is_fusible_reduction_owner, kernel_variants,
+                                     kernel_works)
 from kitsune_dse.cost.roofline import KernelWork, kernel_time
 from kitsune_dse.graph.ir import DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
@@ -168,38 +169,43 @@ def _streams_from(region: Region, prod: tuple[str, ...], cons: tuple[str, ...]) 
     return bool(pats) and all(p.streamable for p in pats)
 
 
+def _fluid_time(w: KernelWork, spec: HwSpec, S: int) -> float:
+    """The kernel's time with its tiles spread evenly over all SMs: no last-wave tail."""
+    _, p = kernel_time(w, spec, S, parts=True)
+    tiles = max(1, w.tiles)
+    return max(p["compute_s"] * tiles / (math.ceil(tiles / S) * S), p["dram_s"], p["l2_s"])
+
+
 def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
-    """Dependent kernels overlap at tile granularity: the consumer's first wave runs on SMs the
-    producer's last (partial) wave leaves idle, launches are issued ahead, and every consumer
-    wave waits on one semaphore hand-off."""
+    """Dependent kernels overlap at tile granularity (cuSync): a consumer's tiles start as soon
+    as the producer tiles they need are done, on the SMs the producer's last wave leaves idle,
+    so the producer's wave-quantization tail disappears: it costs its fluid time (its tiles
+    spread evenly over all SMs) instead of whole waves. Each consumer wave waits on one
+    semaphore hand-off; kernels are launched ahead of time (one launch gap). A barrier (a full
+    or gather dependency) keeps the producer's quantized time. The first consumer wave waits
+    on one hand-off (later waves find their tiles ready)."""
     groups = [grp for grp in fusion_groups(region) if not all(
         region.graph.op(o).info.is_view for o in grp)]
     works = kernel_works(region, groups, spec)
     S = spec.sm_count
     times = [kernel_time(w, spec, S) for w in works]
     saved = []
-    total = sum(times) + (spec.graph_launch_overhead_s if works else 0.0)
-    for i in range(len(works) - 1):
-        w, t = works[i], times[i]
-        slots = S * w.ctas_per_sm
-        waves = math.ceil(w.tiles / slots)
-        fill = (w.tiles - (waves - 1) * slots) / slots
-        if _streams_from(region, groups[i], groups[i + 1]):
-            # the consumer's first tiles use what the producer's last wave leaves idle: SMs if
-            # the consumer is compute-bound, DRAM bandwidth if it is memory-bound
-            cw = works[i + 1]
-            _, p = kernel_time(cw, spec, S, parts=True)
-            used = max(1.0, fill * S)
-            if p["compute_s"] >= max(p["dram_s"], p["l2_s"]):
-                spare = 1.0 - fill
-            else:
-                spare = max(0.0, 1.0 - spec.hbm_bandwidth_from(used) / spec.hbm_bandwidth_from(S))
-            sem = math.ceil(cw.tiles / (S * cw.ctas_per_sm)) * spec.sync_latency_s
-            gain = max(0.0, min(spare * t / waves, times[i + 1]) - sem)
+    gap = spec.graph_launch_overhead_s
+    total = gap if works else 0.0
+    for i, (w, t) in enumerate(zip(works, times)):
+        last = i + 1 == len(works)
+        # each kernel may take whichever CTA tile / split-K suits overlapping best (a min over
+        # a fixed set of monotone costs keeps the estimate monotone in the hardware)
+        variants = kernel_variants(region, groups[i], spec, w)
+        if not last and _streams_from(region, groups[i], groups[i + 1]):
+            cost = min(min(_fluid_time(v, spec, S) + spec.sync_latency_s,
+                           kernel_time(v, spec, S) + gap) for v in variants)
+            saved.append(t + gap - cost)
         else:
-            gain = -spec.graph_launch_overhead_s  # a barrier: the next kernel launches normally
-        saved.append(gain)
-        total -= gain
+            cost = min(kernel_time(v, spec, S) for v in variants) + (0.0 if last else gap)
+            if not last:
+                saved.append(-gap)
+        total += cost
     # overlapping kernels still share one DRAM: the traffic floor holds
     floor = sum(w.dram_bytes for w in works) / spec.hbm_bandwidth_from(S)
     total = max(total, floor + (spec.graph_launch_overhead_s if works else 0.0))
@@ -252,6 +258,7 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
     groups = [tuple(lv) for lv in levels(region)]
     works = kernel_works(region, [(o,) for lv in groups for o in lv], spec)
     by_op = {w.name: w for w in works}
+    variants = {w.name: kernel_variants(region, (w.name,), spec, w) for w in works}
     S = spec.sm_count
     sm_axis = np.arange(S + 1)
     total, times, shares = 0.0, [], []
@@ -263,10 +270,15 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
             t = kernel_time(ws[0], spec, S)
             split = [S]
         else:
-            tabs = [kernel_time(w, spec, sm_axis) for w in ws]
+            # each kernel on its share picks the tile and split-K that suit that share
+            tabs = [np.min([kernel_time(v, spec, sm_axis) for v in variants[w.name]], axis=0)
+                    for w in ws]
             t, split = split_sms(tabs, S)
             dram = sum(w.dram_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))
+            serial = sum(kernel_time(w, spec, S) for w in ws) + (len(ws) - 1) * spec.graph_launch_overhead_s
+            if serial <= t:     # sharing does not pay: run the level back to back
+                t, split = serial, [S] * len(ws)
         total += t + spec.graph_launch_overhead_s
         times.extend([t] * len(ws))
         shares.append({w.name: s for w, s in zip(ws, split)})

@@ -84,7 +84,8 @@ def register(app: typer.Typer) -> None:
                     sm_granularity: int = typer.Option(1, "--sm-granularity", help="SMs per stage in steps of N"),
                     time_limit: float = typer.Option(10.0, "--time-limit", help="solver time limit in seconds"),
                     alternatives: int = typer.Option(0, "--alternatives", help="also write the K next-best plans"),
-                    hw_set: Optional[list[str]] = typer.Option(None, "--hw-set", help="spec override FIELD=VALUE")):
+                    hw_set: Optional[list[str]] = typer.Option(None, "--hw-set", help="spec override FIELD=VALUE, e.g. l2_bytes=100MiB"),
+                    no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNGs and trace.json")):
         """Choose regions, strategies, stages, SMs and queue depths; write the plan and reports."""
         from kitsune_dse.report.explore import explore
         prog = _LazyProgress(console)
@@ -92,7 +93,7 @@ def register(app: typer.Typer) -> None:
             res = explore(model, hw, out=out, sets=parse_sets(set_), objective=objective,
                           sm_granularity=sm_granularity, time_limit_s=time_limit,
                           alternatives=alternatives, hw_set=parse_kv(hw_set, "--hw-set"),
-                          progress=prog)
+                          plots=not no_plots, progress=prog)
         finally:
             prog.close()
         _print_summary(console, res.plan, res.strategies)

@@ -95,7 +95,8 @@ def _plan_from_result(graph, model_ref, spec, res, objective, baselines) -> dict
 def explore(model: str, hw: str | HwSpec, *, out: str | Path | None = None,
             sets: dict[str, int] | None = None, objective: str = "latency",
             sm_granularity: int = 1, time_limit_s: float = 10.0, alternatives: int = 0,
-            hw_set: dict[str, str] | None = None, write: bool = True, progress=None) -> ExploreResult:
+            hw_set: dict[str, str] | None = None, write: bool = True, plots: bool = True,
+            progress=None) -> ExploreResult:
     from kitsune_dse.search import build_candidates, solve
     if objective not in OBJECTIVES:
         raise KitsuneError(f"--objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
@@ -105,7 +106,7 @@ def explore(model: str, hw: str | HwSpec, *, out: str | Path | None = None,
         raise KitsuneError(f"--sm-granularity {sm_granularity}: must be a positive integer")
     if alternatives < 0:
         raise KitsuneError(f"--alternatives {alternatives}: must be >= 0")
-    spec = load_spec(hw)
+    spec = base_spec = load_spec(hw)
     if hw_set:
         spec = spec_with_overrides(spec, hw_set)
     graph = load_model(model, sets or {})
@@ -147,10 +148,45 @@ def explore(model: str, hw: str | HwSpec, *, out: str | Path | None = None,
                  "dram_bytes": pl["predicted"]["dram_bytes"],
                  "strategies": [r["strategy"] for r in pl["regions"]]} for i, pl in enumerate(pareto)],
                 ["plan", "latency_s", "dram_bytes", "strategies"])
+        if hw_set:
+            files["hw_spec.yaml"] = lambda p: write_whatif_spec(p, base_spec, spec, hw_set)
+        if plots:
+            files.update(_picture_writers(plan, rows, cands, alts, spec, graph))
         for name, writer in files.items():
             writer(out_dir / name)
             result.files.append(out_dir / name)
     return result
+
+
+def _picture_writers(plan, rows, cands, alts, spec, graph) -> dict:
+    from kitsune_dse.report.plots import pareto_png, plan_png, strategies_png
+    from kitsune_dse.report.timeline import plan_timeline
+    from kitsune_dse.report.trace import trace_events
+    tl = plan_timeline(plan, spec, graph)
+    title = f"{plan['model']['name']} on {plan['hw']['name']}"
+    return {
+        "pareto.png": lambda p: pareto_png(p, plan, rows, cands.candidates, alts),
+        "plan.png": lambda p: plan_png(p, tl, f"{title}: chosen plan over time "
+                                              f"({plan['predicted']['latency_s'] * 1e6:,.1f} µs)"),
+        "strategies.png": lambda p: strategies_png(p, f"{title}: whole model under each strategy", rows),
+        "trace.json": lambda p: write_json(p, trace_events(tl, title)),
+    }
+
+
+def write_whatif_spec(path: Path, base: HwSpec, spec: HwSpec, overrides: dict[str, str]) -> None:
+    """The modified spec, its differences from the base listed at the top."""
+    import yaml
+    from kitsune_dse.report.io import atomic_write_text
+    a, b = base.model_dump(mode="json"), spec.model_dump(mode="json")
+    diffs = []
+    for k in b:
+        if isinstance(b[k], dict) and isinstance(a.get(k), dict):
+            diffs += [f"{k}.{k2}: {a[k].get(k2)} -> {v2}" for k2, v2 in b[k].items() if a[k].get(k2) != v2]
+        elif a.get(k) != b[k]:
+            diffs.append(f"{k}: {a.get(k)} -> {b[k]}")
+    head = [f"# what-if variant of {base.name} (--hw-set {' '.join(f'{k}={v}' for k, v in overrides.items())})",
+            "# differences from the base spec (SI units):"] + [f"#   {d}" for d in diffs]
+    atomic_write_text(path, "\n".join(head) + "\n" + yaml.safe_dump(b, sort_keys=False))
 
 
 def _stable(plan: dict) -> dict:

@@ -14,7 +14,7 @@ import json
 from pathlib import Path
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages
+from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, ring_bytes
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (bsp, concurrent, fusion, fusion_groups, levels, tilesync)
 from kitsune_dse.errors import InfeasibleError, KitsuneError
@@ -169,7 +169,7 @@ def evaluate_plan(plan: dict, graph: Graph, spec: HwSpec, where: str = "plan") -
                 sp = plan_stages(region, spec, choice)
             except InfeasibleError as e:
                 raise InfeasibleError(f"{where}: region {i}: {e.what}") from None
-            qb = sum(d * sb for d, sb in zip(sp.choice.depths, sp.slot_bytes))
+            qb = ring_bytes(sp)
             if qb > spec.l2_usable_bytes:
                 parts = ", ".join(f"queue {q} (stage {q} -> {q + 1}): {d} x {sb / 1e6:.3g} MB"
                                   for q, (d, sb) in enumerate(zip(sp.choice.depths, sp.slot_bytes)))

@@ -9,11 +9,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kitsune_dse.errors import KitsuneError
 from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, Group, PipelineLayout, Region, Step,
-                                        empty_target_per_gen)
+                                        empty_target_per_gen, row_cfg)
 
 GEMM_STAGES = 4
-MAX_CACHED_VPL = 8          # rows up to 8 vectors per lane (2048 columns) stay in registers
 
 
 def gemm_cfg(bm: int, bn: int, nb: int, bk: int = GEMM_BK, stages: int = GEMM_STAGES) -> dict:
@@ -172,11 +172,10 @@ def functor_setup(grp: Group, var: str, ptr, ld) -> list[str]:
     return out
 
 
-def row_call(grp: Group, fvar: str, r: str, gamma: str, beta: str) -> str:
-    vpl = -(-grp.cols // 256)
-    cache = "true" if vpl <= MAX_CACHED_VPL else "false"
-    return (f"row_tile<{grp.row_kind}, {cache}, {vpl if vpl <= MAX_CACHED_VPL else 1}>"
-            f"({fvar}, {r}, {grp.cols}, {grp.eps!r}f, {gamma}, {beta});")
+def row_call(grp: Group, fvar: str, r: str, gamma: str, beta: str, red: str) -> str:
+    wpr, cache, vpl = row_cfg(grp.cols)
+    return (f"row_tile<{grp.row_kind}, {wpr}, {'true' if cache else 'false'}, {vpl}>"
+            f"({fvar}, {r}, {grp.cols}, {grp.eps!r}f, {gamma}, {beta}, {red}, tm);")
 
 
 # -- standalone kernels -------------------------------------------------------------------------------
@@ -189,16 +188,21 @@ class Launch:
     group: str = ""
 
 
-def choose_gemm_tile(grp: Group, sm_count: int) -> tuple[int, int, int]:
-    """(BM, BN, splits) for a standalone GEMM: split K when the tiles underfill the GPU."""
-    bm = 64 if grp.rows <= 64 else 128
-    bn = 128
+def choose_gemm_tile(grp: Group, sm_count: int) -> dict:
+    """Tile of a standalone GEMM: 128x128, BK 64 x 3 stages (dual products: BK 32 x 4; 64 rows
+    for M <= 64); split K when the tiles fill less than the GPU. grp.tile overrides any field."""
+    t = dict(grp.tile or {})
+    bm = t.get("bm", 64 if grp.rows <= 64 else 128)
+    bn = t.get("bn", 128)
+    bk = t.get("bk", 64 if grp.nb == 1 else GEMM_BK)   # 64: +7% over 32 at 8192^3 (NOTES.md)
+    stages = t.get("stages", GEMM_STAGES if bk == 32 else 3)
     tiles = -(-grp.rows // bm) * -(-grp.cols // bn)
-    ktiles = -(-grp.k // GEMM_BK)
+    ktiles = -(-grp.k // bk)
     splits = 1
     if tiles < sm_count:
         splits = max(1, min(-(-2 * sm_count // tiles), ktiles // 8, 16))
-    return bm, bn, splits
+    splits = t.get("splits", splits)
+    return {"bm": bm, "bn": bn, "bk": bk, "stages": stages, "splits": splits}
 
 
 def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count: int,
@@ -221,15 +225,18 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
             return str(reg.shape2(t)[1])
         kname = f"{prefix}_{grp.name}"
         if grp.kind == "gemm":
-            bm, bn, splits = choose_gemm_tile(grp, sm_count)
-            cfg = gemm_cfg(bm, bn, grp.nb)
+            tl = choose_gemm_tile(grp, sm_count)
+            bm, bn, bk, splits = tl["bm"], tl["bn"], tl["bk"], tl["splits"]
+            cfg = gemm_cfg(bm, bn, grp.nb, bk, tl["stages"])
             m, n, k = grp.rows, grp.cols, grp.k
             a = bufs.idx(grp.a)
             b0 = bufs.idx(grp.weights[0])
             b1 = bufs.idx(grp.weights[1]) if grp.nb == 2 else b0
-            lb = 2 if grp.nb == 1 else 1   # two CTAs per SM fit 128 registers (no spills, ptxas -v)
+            # two CTAs per SM where 128 registers suffice (no spills, ptxas -v) and smem allows
+            lb = 2 if grp.nb == 1 and bn == 128 and 2 * cfg["SMEM_BYTES"] <= 220 * 1024 else 1
             lines = [f"extern \"C\" __global__ void __launch_bounds__(256, {lb}) {kname}(void* const* bufs) {{",
                      "    extern __shared__ __align__(128) unsigned char smem[];",
+                     "    const Team tm = solo_team();",
                      f"    typedef {cfg['type']} Cfg;",
                      "    const int ct = blockIdx.x, rb = blockIdx.y;",
                      f"    const int m0 = rb * {bm};",
@@ -240,15 +247,15 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
             if splits == 1:
                 lines.append(f"    F_{grp.name}<0> f;")
                 lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
-                lines.append(f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, 0, {k}, ct * {bn}, f, NoWait(), smem);")
+                lines.append(f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, 0, {k}, ct * {bn}, f, NoWait(), smem, tm);")
             else:
                 wsname = f"{prefix}_{grp.name}_ws"
                 ws[wsname] = splits * grp.nb * m * n * 4
                 w = bufs.idx(wsname)
-                per = -(-(-(-k // GEMM_BK)) // splits) * GEMM_BK
+                per = -(-(-(-k // bk)) // splits) * bk
                 lines += [f"    PartialEpi<{grp.nb}> f; f.ws = (float*)bufs[{w}]; f.M = {m}; f.N = {n}; f.m0 = m0; f.split = blockIdx.z;",
                           f"    const int k0 = blockIdx.z * {per}, k1 = min({k}, k0 + {per});",
-                          f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, k0, k1, ct * {bn}, f, NoWait(), smem);"]
+                          f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, k0, k1, ct * {bn}, f, NoWait(), smem, tm);"]
             lines.append("}")
             launches.append(Launch(kname, (-(-n // bn), -(-m // bm), splits), 256, cfg["SMEM_BYTES"], grp.name))
             if splits > 1:
@@ -266,15 +273,18 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
         elif grp.kind == "row":
             g_ = f"(const elem_t*)bufs[{bufs.idx(grp.gamma)}]" if grp.gamma else "nullptr"
             b_ = f"(const elem_t*)bufs[{bufs.idx(grp.beta)}]" if grp.beta else "nullptr"
+            rpc = 8 // row_cfg(grp.cols)[0]     # rows per CTA
             lines = [f"extern \"C\" __global__ void __launch_bounds__(256) {kname}(void* const* bufs) {{",
+                     "    __shared__ float red[8];",
+                     "    const Team tm = solo_team();",
                      "    const int m0 = 0;",
-                     "    const int r = blockIdx.x * 8 + (threadIdx.x >> 5);",
-                     f"    if (r >= {grp.rows}) return;",
+                     f"    const int r = blockIdx.x * {rpc} + (threadIdx.x >> 5) / {8 // rpc};",
+                     f"    if (r >= {grp.rows}) return;   // a whole row group leaves together",
                      f"    F_{grp.name}<0> f;"]
             lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
-            lines.append("    " + row_call(grp, "f", "r", g_, b_))
+            lines.append("    " + row_call(grp, "f", "r", g_, b_, "red"))
             lines.append("}")
-            launches.append(Launch(kname, (-(-grp.rows // 8),), 256, 0, grp.name))
+            launches.append(Launch(kname, (-(-grp.rows // rpc),), 256, 0, grp.name))
             src.append("\n".join(lines))
         else:
             nv = grp.cols // 8
@@ -295,27 +305,39 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
 PIPELINE_KERNEL = "kdse_pipeline"
 
 
+TEAMS = 2                   # default teams (256 threads each) per CTA of the persistent kernel
+
+
+def pipeline_gemm_cfg(layout: PipelineLayout, st: Step) -> dict:
+    """GEMM tile of a pipeline step: BK 64 x 3 stages (one product), BK 32 x 4 (dual)."""
+    if st.group.nb == 1:
+        return gemm_cfg(layout.bm, st.bn, 1, 64, 3)
+    return gemm_cfg(layout.bm, st.bn, st.group.nb, 32, 4)
+
+
 def pipeline_smem(layout: PipelineLayout) -> int:
-    need = 0
+    """Shared memory of one team (128-byte aligned); the CTA gets TEAMS times this."""
+    need = 64
     for st in layout.steps:
-        g = st.group
-        if g.kind == "gemm":
-            need = max(need, gemm_cfg(layout.bm, st.bn, g.nb)["SMEM_BYTES"])
-    return need
+        if st.group.kind == "gemm":
+            need = max(need, pipeline_gemm_cfg(layout, st)["SMEM_BYTES"])
+    return (need + 127) // 128 * 128
 
 
 def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
     reg = layout.region
     bm = layout.bm
+    T = layout.teams
     src = [header(reg.dtype)]
     for st in layout.steps:
         src.append(functor(st.group))
     planted = [False]
 
     def stage_fn(stage) -> str:
-        S = stage.ctas
-        L = [f"// stage {stage.sid}: CTAs [{stage.first_cta}, {stage.first_cta + S}), steps {stage.steps}",
-             f"__device__ __forceinline__ void stage_{stage.sid}(int c, void* const* bufs, u32* ctrl, u64 tmo, unsigned char* smem) {{",
+        S = stage.ctas * T          # workers: the teams of the stage's CTAs
+        L = [f"// stage {stage.sid}: CTAs [{stage.first_cta}, {stage.first_cta + stage.ctas}), {S} teams, steps {stage.steps}",
+             f"__device__ __forceinline__ void stage_{stage.sid}(int c, void* const* bufs, u32* ctrl, u64 tmo, "
+             f"unsigned char* smem, const Team& tm, u32 who) {{",
              f"    for (int rb = 0; rb < {layout.nrb}; ++rb) {{",
              f"        const int rows_valid = min({bm}, {layout.rows} - rb * {bm});"]
         for sid in stage.steps:
@@ -355,8 +377,8 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
             if ring.direct:
                 continue
             tgt = empty_target_per_gen(layout, ring)
-            L.append(f"        {{ const u32 gen = rb / {ring.nslots}; if (gen > 0 && !cta_wait_geq(ctrl + {ring.empty_off} + rb % {ring.nslots}, "
-                     f"gen * {tgt}u, ctrl, tmo, KDSE_ERR_EMPTY, {ring.rid}u, rb)) return; }}  // slot of {t!r} free")
+            L.append(f"        {{ const u32 gen = rb / {ring.nslots}; if (gen > 0 && !team_wait_geq(tm, ctrl + {ring.empty_off} + rb % {ring.nslots}, "
+                     f"gen * {tgt}u, ctrl, tmo, KDSE_ERR_EMPTY, {ring.rid}u, rb, who)) return; }}  // slot of {t!r} free")
         for t, ring in rings_in.items():
             if st.split_k_ring == ring.rid:
                 continue
@@ -364,12 +386,12 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
             extra = ""
             if layout.plant_deadlock and not planted[0]:
                 extra, planted[0] = " + 1u", True
-            L.append(f"        {{ const u32 gen = rb / {ring.nslots}; if (!cta_wait_geq(ctrl + {ring.full_off} + rb % {ring.nslots}, "
-                     f"(gen + 1u) * {pitems}u{extra}, ctrl, tmo, KDSE_ERR_FULL, {ring.rid}u, rb)) return; }}  // {t!r} row-block in")
+            L.append(f"        {{ const u32 gen = rb / {ring.nslots}; if (!team_wait_geq(tm, ctrl + {ring.full_off} + rb % {ring.nslots}, "
+                     f"(gen + 1u) * {pitems}u{extra}, ctrl, tmo, KDSE_ERR_FULL, {ring.rid}u, rb, who)) return; }}  // {t!r} row-block in")
         L.append(f"        F_{g.name}<{cgmask}> f;")
         L += ["        " + s for s in functor_setup(g, "f", ptr, ld)]
         if g.kind == "gemm":
-            cfg = gemm_cfg(bm, st.bn, g.nb)
+            cfg = pipeline_gemm_cfg(layout, st)
             if g.a in rings_in:
                 a_ptr = ring_slot_ptr(rings_in[g.a], False)
             else:
@@ -382,47 +404,75 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                 extra = ""
                 if layout.plant_deadlock and not planted[0]:
                     extra, planted[0] = " + 1u", True
+                if ring.slab_w % cfg["BK"]:
+                    raise KitsuneError(f"ring {ring.tensor!r}: column slabs of {ring.slab_w} do not hold whole "
+                                       f"k-tiles of {cfg['BK']}")
                 L.append(f"        SlabWait hook; hook.flags = ctrl + {ring.slab_off} + (rb % {ring.nslots}) * {ring.nslabs}; "
-                         f"hook.target = rb / {ring.nslots} + 1u{extra}; hook.ktiles_per_slab = {ring.slab_w // GEMM_BK}; "
-                         f"hook.ctrl = ctrl; hook.timeout_ns = tmo; hook.what = {ring.rid}u; hook.rb = rb; hook.bad = false;")
+                         f"hook.target = rb / {ring.nslots} + 1u{extra}; hook.ktiles_per_slab = {ring.slab_w // cfg['BK']}; "
+                         f"hook.ctrl = ctrl; hook.timeout_ns = tmo; hook.what = {ring.rid}u; hook.rb = rb; hook.who = who; "
+                         f"hook.tid = tm.tid; hook.bad = false;")
             else:
                 L.append("        NoWait hook;")
             L.append(f"        for (; i < {st.items}; i += {S}) {{")
-            L.append(f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, (const elem_t*)bufs[{b0}], "
-                     f"(const elem_t*)bufs[{b1}], {g.cols}, {g.cols}, 0, {g.k}, i * {st.bn}, f, hook, smem);")
+            if st.ksplit == 1:
+                L.append(f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, (const elem_t*)bufs[{b0}], "
+                         f"(const elem_t*)bufs[{b1}], {g.cols}, {g.cols}, 0, {g.k}, i * {st.bn}, f, hook, smem, tm);")
+            else:
+                if st.kper % cfg["BK"]:
+                    raise KitsuneError(f"step {st.sid}: K ranges of {st.kper} are not whole k-tiles of {cfg['BK']}")
+                plane = st.ksplit * g.nb * bm * g.cols
+                ws = f"(float*)bufs[{bufs.idx(f'ws:{st.sid}')}] + (size_t)(rb % {st.ws_slots}) * {plane}"
+                L += [f"            const int ks = i / {st.n_tiles}, nt = i % {st.n_tiles};   // K range, column tile",
+                      f"            PartialEpi<{g.nb}> pe; pe.ws = {ws}; pe.M = {bm}; pe.N = {g.cols}; pe.m0 = 0; pe.split = ks;",
+                      f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, (const elem_t*)bufs[{b0}], "
+                      f"(const elem_t*)bufs[{b1}], {g.cols}, {g.cols}, ks * {st.kper}, min({g.k}, (ks + 1) * {st.kper}), "
+                      f"nt * {st.bn}, pe, hook, smem, tm);",
+                      "            team_sync(tm);   // partial stored: count it; the last range sums",
+                      "            int last = 0;",
+                      f"            if (tm.tid == 0) last = atom_add_acq_rel(ctrl + {st.fix_off} + (rb % {st.ws_slots}) * {st.n_tiles} + nt, 1u) + 1u "
+                      f"== (u32)(rb / {st.ws_slots} + 1) * {st.ksplit}u;",
+                      f"            if (team_or(tm, last)) splitk_fixup<{g.nb}>({ws}, {st.ksplit}, {bm}, {g.cols}, rows_valid, "
+                      f"nt * {st.bn}, {st.bn}, f, tm);"]
         elif g.kind == "ew":
             L.append(f"        for (; i < {st.items}; i += {S}) {{")
-            L.append(f"            ew_tile(f, rows_valid, i * {st.bn}, min({g.cols}, (i + 1) * {st.bn}));")
+            L.append(f"            ew_tile(f, rows_valid, i * {st.bn}, min({g.cols}, (i + 1) * {st.bn}), tm);")
         else:
             g_ = f"(const elem_t*)bufs[{bufs.idx(g.gamma)}]" if g.gamma else "nullptr"
             b_ = f"(const elem_t*)bufs[{bufs.idx(g.beta)}]" if g.beta else "nullptr"
+            wpr = row_cfg(g.cols)[0]
             L.append(f"        for (; i < {st.items}; i += {S}) {{")
-            L.append("            const int r = i * 8 + (threadIdx.x >> 5);")
-            L.append("            if (r < rows_valid) " + row_call(g, "f", "r", g_, b_))
+            L.append(f"            const int r = i * {8 // wpr} + (tm.tid >> 5) / {wpr};")
+            L.append("            if (r < rows_valid) " + row_call(g, "f", "r", g_, b_, "(float*)smem"))
         for t, ring in rings_out.items():
             slab = "nullptr"
             if ring.slab_off and any(m == "split_k" for _, m in ring.consumers):
                 slab = f"ctrl + {ring.slab_off} + (rb % {ring.nslots}) * {ring.nslabs} + i"
-            L.append(f"            cta_publish(ctrl + {ring.full_off} + rb % {ring.nslots}, {slab}, rb / {ring.nslots} + 1u);  // {t!r}")
+            L.append(f"            team_publish(tm, ctrl + {ring.full_off} + rb % {ring.nslots}, {slab}, rb / {ring.nslots} + 1u);  // {t!r}")
         if not rings_out:
-            L.append("            __syncthreads();")
+            L.append("            team_sync(tm);")
         L.append("        }")
         for t, ring in rings_in.items():
             if ring.direct:
                 continue
-            L.append(f"        cta_arrive(ctrl + {ring.empty_off} + rb % {ring.nslots});  // done with {t!r}")
+            L.append(f"        team_arrive(tm, ctrl + {ring.empty_off} + rb % {ring.nslots});  // done with {t!r}")
         L += ["    }", "}"]
         return "\n".join(L)
 
     for stage in layout.stages:
         src.append(stage_fn(stage))
-    k = [f"extern \"C\" __global__ void __launch_bounds__(256, 1) {PIPELINE_KERNEL}(void* const* bufs, u32* ctrl, u64 tmo) {{",
+    half = pipeline_smem(layout)
+    k = [f"extern \"C\" __global__ void __launch_bounds__({256 * T}, 1) {PIPELINE_KERNEL}(void* const* bufs, u32* ctrl, u64 tmo) {{",
          "    extern __shared__ __align__(128) unsigned char smem[];",
+         "    const int team = threadIdx.x >> 8;",
+         "    Team tm; tm.tid = threadIdx.x & 255; tm.bar = 1 + team; tm.rbar = 3 + 4 * team;",
+         f"    unsigned char* tsmem = smem + team * {half};",
+         f"    const u32 who = blockIdx.x * {T} + team;",
          f"    if (threadIdx.x == 0) ctrl[{layout.smid_off} + blockIdx.x] = smid();",
          "    const int b = blockIdx.x;"]
     for j, stage in enumerate(layout.stages):
         cond = "if" if j == 0 else "else if"
-        k.append(f"    {cond} (b < {stage.first_cta + stage.ctas}) stage_{stage.sid}(b - {stage.first_cta}, bufs, ctrl, tmo, smem);")
+        k.append(f"    {cond} (b < {stage.first_cta + stage.ctas}) stage_{stage.sid}((b - {stage.first_cta}) * {T} + team, "
+                 f"bufs, ctrl, tmo, tsmem, tm, who);")
     k.append("}")
     src.append("\n".join(k))
     return "\n\n".join(src) + "\n"

@@ -30,6 +30,17 @@ ELEM_DTYPES = {"fp16": "__half", "bf16": "__nv_bfloat16"}
 
 GEMM_BK = 32
 THREADS = 256
+MAX_VPL = 8             # 16-byte vectors per thread a row tile keeps in registers (64 floats)
+TEAMS = 2               # 256-thread teams per CTA of the persistent kernel (codegen.TEAMS)
+
+
+def row_cfg(cols: int) -> tuple[int, bool, int]:
+    """(warps per row, cached in registers, vectors per thread) of a row tile."""
+    for wpr in (1, 2, 4, 8):
+        vpl = -(-cols // (wpr * 256))
+        if vpl <= MAX_VPL:
+            return wpr, True, vpl
+    return 8, False, 1
 
 
 def rows_cols(shape) -> tuple[int, int]:
@@ -75,6 +86,7 @@ class Group:
     values: dict = field(default_factory=dict)         # tensor -> "pre" | "post" | "acc"
     stores: list[str] = field(default_factory=list)
     final: str = ""
+    tile: dict | None = None               # GEMM tile override {bm, bn, bk, stages, splits}
 
     @property
     def name(self) -> str:
@@ -450,6 +462,11 @@ class Step:
     in_rings: dict = field(default_factory=dict)    # tensor -> ring id
     out_rings: dict = field(default_factory=dict)   # tensor -> ring id
     split_k_ring: int | None = None                 # ring of A consumed per column slab
+    n_tiles: int = 0                                # GEMM: column tiles per row-block
+    ksplit: int = 1                                 # GEMM: K ranges per column tile (items = n_tiles x ksplit)
+    kper: int = 0                                   # GEMM: K per range (a multiple of the slab width)
+    fix_off: int = 0                                # control words: per (slot, n-tile) partials done
+    ws_slots: int = 0                               # row-blocks of fp32 partials in flight
 
 
 @dataclass
@@ -476,6 +493,7 @@ class PipelineLayout:
     smid_off: int
     notes: list[str]
     plant_deadlock: bool = False
+    teams: int = TEAMS                              # 256-thread workers per CTA
 
     def ring_of(self, tensor: str) -> Ring | None:
         for r in self.rings:
@@ -496,7 +514,8 @@ def _tile_rows(stage_tiles: list[dict], rows: int, notes: list[str]) -> int:
     return bm
 
 
-def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False) -> PipelineLayout:
+def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False,
+                    teams: int = TEAMS) -> PipelineLayout:
     notes: list[str] = []
     stages_p = plan_region["stages"]
     kernels = plan_region.get("kernels") or None
@@ -539,7 +558,9 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
         tcols = int((stages_p[si].get("tile") or {}).get("cols", 128))
         if g.kind == "gemm":
             bn = 128 if tcols >= 128 else 64
-            if bn != tcols:
+            if g.nb == 2 and bn > 64 and teams > 1:
+                bn = 64      # two accumulators per tile: 64 columns keep a team within 128 registers
+            if bn != tcols and "cols" in (stages_p[si].get("tile") or {}):
                 notes.append(f"stage {si}: GEMM tile cols {tcols} run as {bn}")
             items = -(-g.cols // bn)
         elif g.kind == "ew":
@@ -547,7 +568,7 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
             items = -(-g.cols // bn)
         else:
             bn = 0
-            items = -(-bm // 8)
+            items = -(-bm // (8 // row_cfg(g.cols)[0]))
         steps.append(Step(i, g, si, items, bn))
     # stages: contiguous blockIdx ranges
     stages: list[StageL] = []
@@ -569,6 +590,11 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
     queues = plan_region.get("queues") or []
     rings: list[Ring] = []
     for st in steps:
+        g = st.group
+        if g.kind == "gemm":
+            st.n_tiles = st.items
+        if g.kind == "gemm" and st.split_k_ring is not None:
+            _choose_ksplit(st, rings[st.split_k_ring], stages[st.stage].ctas * teams, notes)
         for t in st.group.stores:
             cons = [s2.sid for s2 in steps if s2 is not st and t in s2.group.reads()]
             if not cons:
@@ -610,9 +636,16 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
                 ring.nslots, ring.depth = nrb, nrb
             else:
                 ring.nslots = min(ring.depth, nrb)
-            if st.group.kind in ("gemm", "ew"):
+            if st.group.kind in ("gemm", "ew") and st.ksplit == 1:
                 ring.slab_w = st.bn
                 ring.nslabs = st.items
+            elif any(m == "split_k" for _, m in ring.consumers):
+                notes.append(f"ring {t!r}: its producer splits K, so it publishes whole row-blocks; "
+                             f"split_k consumers wait for row-blocks")
+                for j, (c, m) in enumerate(ring.consumers):
+                    if m == "split_k":
+                        ring.consumers[j] = (c, "row")
+                        steps[c].split_k_ring = None
             if any(m == "split_k" for _, m in ring.consumers) and ring.slab_w % GEMM_BK:
                 raise KitsuneError(f"ring {t!r}: slab width {ring.slab_w} is not a multiple of {GEMM_BK}")
             if ring.plan_slot_bytes and not ring.direct:
@@ -633,13 +666,44 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
         if any(m == "split_k" for _, m in r.consumers):
             r.slab_off = off
             off += r.nslots * r.nslabs
+    for st in steps:
+        if st.ksplit > 1:
+            st.ws_slots = rings[st.split_k_ring].nslots
+            st.fix_off = off
+            off += st.ws_slots * st.n_tiles
     return PipelineLayout(reg, bm, rows, nrb, stages, steps, rings, first, off, smid_off, notes,
-                          plant_deadlock)
+                          plant_deadlock, teams)
+
+
+def _choose_ksplit(st: Step, ring: Ring, workers: int, notes: list[str]) -> None:
+    """A split-K consumer GEMM whose column tiles divide badly among its workers (fewer tiles
+    than workers, or a last round nearly empty) splits K into ranges of whole slabs: each range's
+    fp32 partial goes to a workspace, and the last range of a tile to finish sums them and
+    applies the epilogue. The split minimises rounds x range length (10% gain at least)."""
+    g = st.group
+    if ring.slab_w <= 0:
+        return
+    nslabs = -(-g.k // ring.slab_w)
+    best, best_t = 1, float(-(-st.n_tiles // workers))
+    for s in range(2, min(32, nslabs) + 1):
+        per = -(-nslabs // s)                       # slabs per range
+        s_eff = -(-nslabs // per)
+        t = -(-(st.n_tiles * s_eff) // workers) * per / nslabs   # rounds x range length
+        if t < 0.9 * best_t:
+            best, best_t = s_eff, t
+    if best > 1:
+        per = -(-nslabs // best)
+        st.ksplit = -(-nslabs // per)
+        st.kper = per * ring.slab_w
+        st.items = st.n_tiles * st.ksplit
+        notes.append(f"step {st.sid} ({'+'.join(g.ops)}): K split in {st.ksplit} ranges of {st.kper} "
+                     f"({st.items} items for {workers} workers)")
 
 
 def releasing_ctas(layout: PipelineLayout, step: Step) -> int:
-    """CTAs of the step's stage that own at least one item of a row-block (each releases once)."""
-    return min(step.items, layout.stages[step.stage].ctas)
+    """Workers (teams) of the step's stage that own at least one item of a row-block (each
+    releases the slot once)."""
+    return min(step.items, layout.stages[step.stage].ctas * layout.teams)
 
 
 def empty_target_per_gen(layout: PipelineLayout, ring: Ring) -> int:

@@ -139,6 +139,35 @@ KDSE_INLINE float warp_max(float v) {
     return v;
 }
 
+// ---- teams: 256 threads (8 warps) that work on one tile together ---------------------------------
+// A standalone kernel's CTA is one team; the persistent kernel runs two teams per CTA (512
+// threads), each with its own named barrier and half of the shared memory, so that one SM keeps
+// two tiles in flight (what two CTAs per SM give a standalone kernel).
+#define TEAM_THREADS 256
+struct Team {
+    int tid;    // thread index within the team
+    int bar;    // named barrier id (1 or 2; 0 is __syncthreads)
+    int rbar;   // first named barrier id of the row groups of this team (4 ids)
+};
+KDSE_INLINE void named_barrier(int id, int nthreads) {
+    asm volatile("bar.sync %0, %1;" :: "r"(id), "r"(nthreads) : "memory");
+}
+KDSE_INLINE void team_sync(const Team& tm) { named_barrier(tm.bar, TEAM_THREADS); }
+// barrier of the team that returns the AND of pred over its threads
+KDSE_INLINE int team_and(const Team& tm, int pred) {
+    int r;
+    asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.s32 p, %1, 0;\n\tbar.red.and.pred q, %2, %3, p;\n\tselp.s32 %0, 1, 0, q;\n\t}"
+                 : "=r"(r) : "r"(pred), "r"(tm.bar), "n"(TEAM_THREADS) : "memory");
+    return r;
+}
+KDSE_INLINE int team_or(const Team& tm, int pred) {
+    int r;
+    asm volatile("{\n\t.reg .pred p, q;\n\tsetp.ne.s32 p, %1, 0;\n\tbar.red.or.pred q, %2, %3, p;\n\tselp.s32 %0, 1, 0, q;\n\t}"
+                 : "=r"(r) : "r"(pred), "r"(tm.bar), "n"(TEAM_THREADS) : "memory");
+    return r;
+}
+KDSE_INLINE Team solo_team() { Team t; t.tid = threadIdx.x; t.bar = 1; t.rbar = 3; return t; }
+
 // A hook the GEMM main loop calls (by every thread, before the barrier that precedes loading
 // k-tile kt): the pipeline's split-K consumer waits there for the column slab holding kt.
 struct NoWait {

@@ -26,7 +26,7 @@ struct GemmCfg {
     static_assert((BM * BK / 8) % THREADS == 0 && (BK * BN / 8) % THREADS == 0, "tile/threads");
 };
 
-// One CTA (256 threads) computes the output tile at columns [n0, n0+BN) of a row-block.
+// One team (256 threads) computes the output tile at columns [n0, n0+BN) of a row-block.
 // A points at row 0 of the row-block (lda elements per row); rows >= rows_valid are zero-filled
 // and not stored. K-tiles [k_begin/BK, ceil(k_end/BK)) are accumulated. `hook(kt)` is called by
 // every thread before the barrier that precedes loading k-tile kt (a split-K consumer waits there).
@@ -34,11 +34,11 @@ template <class Cfg, class Epi, class Hook>
 KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid,
                            const elem_t* __restrict__ B0, const elem_t* __restrict__ B1, int ldb,
                            int N, int k_begin, int k_end, int n0,
-                           const Epi& epi, const Hook& hook, unsigned char* smem_raw) {
+                           const Epi& epi, const Hook& hook, unsigned char* smem_raw, const Team& tm) {
     constexpr int BM = Cfg::BM, BN = Cfg::BN, BK = Cfg::BK, STAGES = Cfg::STAGES, NB = Cfg::NB;
     constexpr int MI = Cfg::MI, NI = Cfg::NI, WM = Cfg::WM, WN = Cfg::WN;
     elem_t* smem = reinterpret_cast<elem_t*>(smem_raw);
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int tid = tm.tid, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 2, wn = warp & 3;
     const int kt0 = k_begin / BK, kt1 = (k_end + BK - 1) / BK, nkt = kt1 - kt0;
 
@@ -82,7 +82,7 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s)
         if (s < nkt) hook(kt0 + s);
-    __syncthreads();
+    team_sync(tm);
 #pragma unroll
     for (int s = 0; s < STAGES - 1; ++s) {
         if (s < nkt) load_stage(s, kt0 + s);
@@ -93,7 +93,7 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
         cp_async_wait<STAGES - 2>();
         const int pf = i + STAGES - 1;
         if (pf < nkt) hook(kt0 + pf);
-        __syncthreads();
+        team_sync(tm);
         if (pf < nkt) load_stage(pf % STAGES, kt0 + pf);
         cp_async_commit();
 
@@ -124,7 +124,7 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
         }
     }
     cp_async_wait<0>();
-    __syncthreads();
+    team_sync(tm);
 
     // epilogue: one warp-row (WM rows) at a time through fp32 shared memory, then 8-wide vectors
     float* cs = reinterpret_cast<float*>(smem_raw);
@@ -145,7 +145,7 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
                             *reinterpret_cast<float2*>(cs + (b * WM + r) * Cfg::C_LD + c) = v;
                         }
         }
-        __syncthreads();
+        team_sync(tm);
         constexpr int VEC = WM * BN / 8;
         for (int e = tid; e < VEC; e += Cfg::THREADS) {
             const int r = e / (BN / 8), c = (e % (BN / 8)) * 8;
@@ -162,7 +162,7 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
                 epi.apply(row, col, v);
             }
         }
-        __syncthreads();
+        team_sync(tm);
     }
 }
 
@@ -201,4 +201,32 @@ KDSE_INLINE void splitk_reduce_vec(const float* __restrict__ ws, int splits, int
             v[b][4] += y.x; v[b][5] += y.y; v[b][6] += y.z; v[b][7] += y.w;
         }
     epi.apply(r, c, v);
+}
+
+// Split-K fixup of one output tile inside the persistent kernel: the team that finished a
+// tile's last K range sums the `splits` fp32 partials (workspace planes [split][NB][bm][N], L2
+// reads) and applies the epilogue to rows [0, rows_valid) x columns [n0, n0 + bn).
+template <int NB, class Epi>
+KDSE_INLINE void splitk_fixup(const float* __restrict__ ws, int splits, int bm, int N, int rows_valid,
+                              int n0, int bn, const Epi& epi, const Team& tm) {
+    const int nv = bn / 8;
+    for (int e = tm.tid; e < rows_valid * nv; e += TEAM_THREADS) {
+        const int r = e / nv, c = n0 + (e % nv) * 8;
+        if (c >= N) continue;
+        float v[NB][8];
+#pragma unroll
+        for (int b = 0; b < NB; ++b)
+#pragma unroll
+            for (int q = 0; q < 8; ++q) v[b][q] = 0.f;
+        for (int s = 0; s < splits; ++s)
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const float* p = ws + (((size_t)s * NB + b) * bm + r) * N + c;
+                const float4 x = __ldcg(reinterpret_cast<const float4*>(p));
+                const float4 y = __ldcg(reinterpret_cast<const float4*>(p) + 1);
+                v[b][0] += x.x; v[b][1] += x.y; v[b][2] += x.z; v[b][3] += x.w;
+                v[b][4] += y.x; v[b][5] += y.y; v[b][6] += y.z; v[b][7] += y.w;
+            }
+        epi.apply(r, c, v);
+    }
 }

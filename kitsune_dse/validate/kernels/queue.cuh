@@ -4,8 +4,10 @@
 //   full[slot]        +1 (red.release.gpu) per finished producer item (sub-tile) of the row-block
 //   empty[slot]       +1 per consumer CTA that is done reading the slot's row-block
 //   slab[slot][j]     = generation+1 (st.release.gpu) once column slab j of the slot is written
-// Publish: __syncthreads, then thread 0 releases. Consume: thread 0 spins with ld.acquire.gpu,
-// then a barrier (__syncthreads_and carries the spin's verdict to the whole CTA). Every spin has a
+// Publish: the team's barrier, then its thread 0 releases. Consume: thread 0 spins with
+// ld.acquire.gpu, then the team's barrier (bar.red.and carries the spin's verdict to the team).
+// A "team" is the 256 threads working on one tile (common.cuh); the persistent kernel has two
+// per CTA, and each counts as one producer / consumer worker. Every spin has a
 // %globaltimer timeout; on expiry it writes an error record to ctrl[0..5] (the first one wins)
 // and returns false; every spin also gives up once ctrl[0] is set, so a deadlock ends the launch
 // within one timeout and the host reports it.
@@ -30,7 +32,8 @@ KDSE_INLINE void red_release_add(u32* p, u32 v) {
 }
 
 // One thread: wait until *p >= target (wrap-safe). False on timeout or a reported error.
-KDSE_INLINE bool spin_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u32 code, u32 what, u32 rb) {
+KDSE_INLINE bool spin_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u32 code, u32 what, u32 rb,
+                          u32 who) {
     u32 v = ld_acquire(p);
     if ((int)(v - target) >= 0) return true;
     const u64 t0 = globaltimer();
@@ -41,7 +44,7 @@ KDSE_INLINE bool spin_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u
             if (ld_relaxed(ctrl) != 0u) return false;
             if (globaltimer() - t0 > timeout_ns) {
                 if (atomicCAS(ctrl, 0u, code) == 0u) {
-                    ctrl[1] = blockIdx.x; ctrl[2] = what; ctrl[3] = rb; ctrl[4] = target; ctrl[5] = v;
+                    ctrl[1] = who; ctrl[2] = what; ctrl[3] = rb; ctrl[4] = target; ctrl[5] = v;
                     __threadfence();
                 }
                 return false;
@@ -50,21 +53,28 @@ KDSE_INLINE bool spin_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u
     }
 }
 
-// Whole CTA: thread 0 spins, the barrier hands its verdict (and the acquired data) to all.
-KDSE_INLINE bool cta_wait_geq(const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u32 code, u32 what, u32 rb) {
-    int ok = 1;
-    if (threadIdx.x == 0) ok = spin_geq(p, target, ctrl, timeout_ns, code, what, rb) ? 1 : 0;
-    return __syncthreads_and(ok) != 0;
+KDSE_INLINE u32 atom_add_acq_rel(u32* p, u32 v) {
+    u32 old; asm volatile("atom.acq_rel.gpu.global.add.u32 %0, [%1], %2;" : "=r"(old) : "l"(p), "r"(v) : "memory");
+    return old;
 }
 
-// Whole CTA: after the CTA's stores of a sub-tile (or its last reads of a slot).
-KDSE_INLINE void cta_arrive(u32* counter) {
-    __syncthreads();
-    if (threadIdx.x == 0) red_release_add(counter, 1u);
+// Whole team: thread 0 spins, the barrier hands its verdict (and the acquired data) to all.
+// `who` (the team's worker index) goes into the error record.
+KDSE_INLINE bool team_wait_geq(const Team& tm, const u32* p, u32 target, u32* ctrl, u64 timeout_ns, u32 code,
+                               u32 what, u32 rb, u32 who) {
+    int ok = 1;
+    if (tm.tid == 0) ok = spin_geq(p, target, ctrl, timeout_ns, code, what, rb, who) ? 1 : 0;
+    return team_and(tm, ok) != 0;
 }
-KDSE_INLINE void cta_publish(u32* full, u32* slab_flag, u32 gen_plus_1) {
-    __syncthreads();
-    if (threadIdx.x == 0) {
+
+// Whole team: after the team's stores of a sub-tile (or its last reads of a slot).
+KDSE_INLINE void team_arrive(const Team& tm, u32* counter) {
+    team_sync(tm);
+    if (tm.tid == 0) red_release_add(counter, 1u);
+}
+KDSE_INLINE void team_publish(const Team& tm, u32* full, u32* slab_flag, u32 gen_plus_1) {
+    team_sync(tm);
+    if (tm.tid == 0) {
         if (slab_flag) st_release(slab_flag, gen_plus_1);
         red_release_add(full, 1u);
     }
@@ -73,10 +83,11 @@ KDSE_INLINE void cta_publish(u32* full, u32* slab_flag, u32 gen_plus_1) {
 // GEMM main-loop hook of a split-K consumer: before k-tile kt is loaded, thread 0 waits until
 // the column slab that holds it has been published (flags[j] >= gen+1).
 struct SlabWait {
-    const u32* flags; u32 target; int ktiles_per_slab; u32* ctrl; u64 timeout_ns; u32 what; u32 rb;
+    const u32* flags; u32 target; int ktiles_per_slab; u32* ctrl; u64 timeout_ns; u32 what; u32 rb; u32 who;
+    int tid;
     mutable bool bad;
     KDSE_INLINE void operator()(int kt) const {
-        if (threadIdx.x == 0 && !bad && kt % ktiles_per_slab == 0)
-            bad = !spin_geq(flags + kt / ktiles_per_slab, target, ctrl, timeout_ns, KDSE_ERR_SLAB, what, rb);
+        if (tid == 0 && !bad && kt % ktiles_per_slab == 0)
+            bad = !spin_geq(flags + kt / ktiles_per_slab, target, ctrl, timeout_ns, KDSE_ERR_SLAB, what, rb, who);
     }
 };

@@ -1,4 +1,4 @@
-// Row tiles (one warp per row, 16-byte vectors of 8 elements) and elementwise tiles.
+// Row tiles (WPR warps per row, 16-byte vectors of 8 elements) and elementwise tiles.
 //
 // A row group G supplies, for a row r (local to the row-block base its pointers were set to) and
 // a first column c (a multiple of 8):
@@ -6,8 +6,9 @@
 //                           before the row op; stores values needed outside the group if store)
 //   G::post(r, c, y)        the ops after the row op, and the stores
 // KIND: 0 layernorm (gamma, beta optional), 1 rmsnorm (gamma optional), 2 softmax.
-// CACHE: the row (VPL vectors per lane) stays in registers between the statistics and the output
-// pass; otherwise the second pass recomputes pre() from memory (L1/L2 hits for long rows).
+// CACHE: the row (VPL vectors per thread) stays in registers between the statistics and the
+// output pass; otherwise the second pass recomputes pre() from memory (L1/L2 hits).
+// WPR (1, 2, 4, 8) warps share a row so that VPL stays <= 16 for rows up to 32768 columns.
 #pragma once
 #include "common.cuh"
 
@@ -15,17 +16,46 @@
 #define ROW_RMS 1
 #define ROW_SOFTMAX 2
 
-template <int KIND, bool CACHE, int VPL, class G>
+// Sum / max over the WPR warps that share a row (red: 8 floats of shared memory per CTA).
+template <int WPR> KDSE_INLINE float group_sum(float v, float* red, const Team& tm) {
+    v = warp_sum(v);
+    if (WPR == 1) return v;
+    const int warp = tm.tid >> 5, grp = warp / WPR;
+    if ((tm.tid & 31) == 0) red[warp] = v;
+    named_barrier(tm.rbar + grp, WPR * 32);
+    float s = 0.f;
+#pragma unroll
+    for (int i = 0; i < WPR; ++i) s += red[grp * WPR + i];
+    named_barrier(tm.rbar + grp, WPR * 32);
+    return s;
+}
+template <int WPR> KDSE_INLINE float group_max(float v, float* red, const Team& tm) {
+    v = warp_max(v);
+    if (WPR == 1) return v;
+    const int warp = tm.tid >> 5, grp = warp / WPR;
+    if ((tm.tid & 31) == 0) red[warp] = v;
+    named_barrier(tm.rbar + grp, WPR * 32);
+    float s = KDSE_NEG_INF;
+#pragma unroll
+    for (int i = 0; i < WPR; ++i) s = fmaxf(s, red[grp * WPR + i]);
+    named_barrier(tm.rbar + grp, WPR * 32);
+    return s;
+}
+
+// One row r, computed by the WPR consecutive warps of a row group (8 / WPR rows per CTA pass).
+// CACHE: the row's VPL vectors per thread stay in registers; else two passes over memory.
+template <int KIND, int WPR, bool CACHE, int VPL, class G>
 KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
-                          const elem_t* __restrict__ gamma, const elem_t* __restrict__ beta) {
-    const int lane = threadIdx.x & 31;
-    float s0 = 0.f, s1 = 0.f;   // LN: sum, then centered sum of squares; RMS: sum sq; softmax: max, sum
+                          const elem_t* __restrict__ gamma, const elem_t* __restrict__ beta, float* red,
+                          const Team& tm) {
+    constexpr int T = WPR * 32;                     // threads per row
+    const int t = (tm.tid & 31) + ((tm.tid >> 5) % WPR) * 32;
     float mean = 0.f, scale = 1.f;
     float xc[CACHE ? VPL : 1][8];
     if (CACHE) {
 #pragma unroll
         for (int v = 0; v < VPL; ++v) {
-            const int c = (v * 32 + lane) * 8;
+            const int c = (v * T + t) * 8;
             if (c < cols) g.pre(r, c, xc[v], true);
             else {
 #pragma unroll
@@ -33,41 +63,42 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
             }
         }
         if (KIND == ROW_LN) {
+            float s0 = 0.f, s1 = 0.f;
 #pragma unroll
             for (int v = 0; v < VPL; ++v)
 #pragma unroll
                 for (int q = 0; q < 8; ++q) s0 += xc[v][q];
-            mean = warp_sum(s0) / cols;
+            mean = group_sum<WPR>(s0, red, tm) / cols;
 #pragma unroll
             for (int v = 0; v < VPL; ++v) {
-                const int c = (v * 32 + lane) * 8;
-                if (c < cols)
+                if ((v * T + t) * 8 < cols)
 #pragma unroll
                     for (int q = 0; q < 8; ++q) { const float d = xc[v][q] - mean; s1 += d * d; }
             }
-            scale = rsqrtf(warp_sum(s1) / cols + eps);
+            scale = rsqrtf(group_sum<WPR>(s1, red, tm) / cols + eps);
         } else if (KIND == ROW_RMS) {
+            float s1 = 0.f;
 #pragma unroll
             for (int v = 0; v < VPL; ++v)
 #pragma unroll
                 for (int q = 0; q < 8; ++q) s1 += xc[v][q] * xc[v][q];
-            scale = rsqrtf(warp_sum(s1) / cols + eps);
+            scale = rsqrtf(group_sum<WPR>(s1, red, tm) / cols + eps);
         } else {
-            float m = KDSE_NEG_INF;
+            float m = KDSE_NEG_INF, s1 = 0.f;
 #pragma unroll
             for (int v = 0; v < VPL; ++v)
 #pragma unroll
                 for (int q = 0; q < 8; ++q) m = fmaxf(m, xc[v][q]);
-            mean = warp_max(m);
+            mean = group_max<WPR>(m, red, tm);
 #pragma unroll
             for (int v = 0; v < VPL; ++v)
 #pragma unroll
                 for (int q = 0; q < 8; ++q) s1 += __expf(xc[v][q] - mean);
-            scale = 1.f / warp_sum(s1);
+            scale = 1.f / group_sum<WPR>(s1, red, tm);
         }
     } else {
-        float m = KDSE_NEG_INF;
-        for (int c = lane * 8; c < cols; c += 256) {
+        float m = KDSE_NEG_INF, s0 = 0.f, s1 = 0.f;
+        for (int c = t * 8; c < cols; c += T * 8) {
             float x[8];
             g.pre(r, c, x, false);
             if (KIND == ROW_LN) {
@@ -80,29 +111,29 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
                 float mx = m;
 #pragma unroll
                 for (int q = 0; q < 8; ++q) mx = fmaxf(mx, x[q]);
-                s1 *= __expf(m - mx);
+                s1 = (m == KDSE_NEG_INF) ? 0.f : s1 * __expf(m - mx);
 #pragma unroll
                 for (int q = 0; q < 8; ++q) s1 += __expf(x[q] - mx);
                 m = mx;
             }
         }
         if (KIND == ROW_LN) {
-            mean = warp_sum(s0) / cols;
-            const float var = fmaxf(warp_sum(s1) / cols - mean * mean, 0.f);
+            mean = group_sum<WPR>(s0, red, tm) / cols;
+            const float var = fmaxf(group_sum<WPR>(s1, red, tm) / cols - mean * mean, 0.f);
             scale = rsqrtf(var + eps);
         } else if (KIND == ROW_RMS) {
-            scale = rsqrtf(warp_sum(s1) / cols + eps);
+            scale = rsqrtf(group_sum<WPR>(s1, red, tm) / cols + eps);
         } else {
-            const float mx = warp_max(m);
+            const float mx = group_max<WPR>(m, red, tm);
             s1 = (m == KDSE_NEG_INF) ? 0.f : s1 * __expf(m - mx);
             mean = mx;
-            scale = 1.f / warp_sum(s1);
+            scale = 1.f / group_sum<WPR>(s1, red, tm);
         }
     }
     // output pass
 #pragma unroll
     for (int v = 0; v < (CACHE ? VPL : 1); ++v) {
-        for (int c = (v * 32 + lane) * 8; c < cols; c += (CACHE ? cols : 256)) {
+        for (int c = (v * T + t) * 8; c < cols; c += (CACHE ? cols : T * 8)) {
             float x[8];
             if (CACHE) {
 #pragma unroll
@@ -134,12 +165,12 @@ KDSE_INLINE void row_tile(const G& g, int r, int cols, float eps,
     }
 }
 
-// Elementwise tile: every thread of the CTA takes 8-column vectors of rows [0, rows) x [c0, c1).
+// Elementwise tile: every thread of the team takes 8-column vectors of rows [0, rows) x [c0, c1).
 template <class G>
-KDSE_INLINE void ew_tile(const G& g, int rows, int c0, int c1) {
+KDSE_INLINE void ew_tile(const G& g, int rows, int c0, int c1, const Team& tm) {
     const int nv = (c1 - c0) / 8;
     const int total = rows * nv;
-    for (int i = threadIdx.x; i < total; i += blockDim.x) {
+    for (int i = tm.tid; i < total; i += TEAM_THREADS) {
         const int r = i / nv, c = c0 + (i - r * nv) * 8;
         g.apply(r, c);
     }

@@ -73,16 +73,16 @@ def main():
     plan("gpt3-mlp-t2048-tp8", "gpt3-mlp", {"tokens": 2048, "tp": 8}, "pipeline",
          [["fc1", "gelu"], ["fc2", "residual"]],
          [{"ops": ["fc1", "gelu"], "sms": 66, "tile": t128}, {"ops": ["fc2", "residual"], "sms": 66, "tile": t128}],
-         [{"producer": 0, "consumer": 1, "tensors": ["a"], "slot_bytes": 128 * 6144 * 2, "depth": 2, "mode": "row"}])
+         [{"producer": 0, "consumer": 1, "tensors": ["a"], "slot_bytes": 128 * 6144 * 2, "depth": 8, "mode": "row"}])
     plan("llama2-7b-mlp-t512", "llama2-7b-mlp", {"tokens": 512}, "pipeline",
          [["gate_proj", "up_proj", "silu", "gate_mul"], ["down_proj", "residual"]],
          [{"ops": ["gate_proj", "up_proj", "silu", "gate_mul"], "sms": 88, "tile": t128},
           {"ops": ["down_proj", "residual"], "sms": 44, "tile": t128}],
-         [{"producer": 0, "consumer": 1, "tensors": ["inter"], "slot_bytes": 128 * 11008 * 2, "depth": 2, "mode": "split_k"}])
+         [{"producer": 0, "consumer": 1, "tensors": ["inter"], "slot_bytes": 128 * 11008 * 2, "depth": 4, "mode": "split_k"}])
     plan("ln-gemm-t2048", "../models/ln-gemm.yaml", {"tokens": 2048}, "pipeline",
          [["resid", "ln"], ["fc", "act"]],
          [{"ops": ["resid", "ln"], "sms": 16, "tile": t128}, {"ops": ["fc", "act"], "sms": 116, "tile": t128}],
-         [{"producer": 0, "consumer": 1, "tensors": ["z"], "slot_bytes": 128 * 4096 * 2, "depth": 3, "mode": "row"}])
+         [{"producer": 0, "consumer": 1, "tensors": ["z"], "slot_bytes": 128 * 4096 * 2, "depth": 8, "mode": "row"}])
     plan("ln-gemm-fusion-t2048", "../models/ln-gemm.yaml", {"tokens": 2048}, "fusion",
          [["resid", "ln"], ["fc", "act"]])
 

@@ -1,0 +1,564 @@
+"""Candidate regions and their strategies: what the solver chooses among.
+
+Atoms. The graph is cut into stream segments (cost.compare.stream_segments: contiguous runs of
+the topological order between which tiles cannot stream) and each segment into its fused groups
+(cost.strategies.fusion_groups); these groups, in a topological order of the group graph, are the
+*atoms*. A contiguous window of atoms is a convex set of ops (a path leaving the window and coming
+back would pass through an atom placed between two of the window's atoms), so any sequence of
+windows that partitions the atom chain is a valid execution order: regions run one after another.
+Chains and diamonds are both covered: a diamond's branches are consecutive atoms of one window.
+
+Windows. Every window of 1..max_window atoms is a region; it gets the bsp, fusion, tilesync and
+concurrent estimates (the cost functions on Region.of(graph, ops)) and, when it lies inside one
+stream segment, pipeline candidates:
+  * stage cuts between atoms (at most 4 stages, at most 3 for windows of more than 4 atoms);
+    first every cut with the default tile (128 rows) and row queues, then, for the two best
+    cuts, every tile size (64/128/256 rows) and split-K queues;
+  * each evaluated with its SMs balanced over the stage-time table (cost.compare's balance
+    rule, multiples of sm_granularity) at a probe queue depth of 2 (1 where 2 does not fit the
+    usable L2; a pipeline none of whose queues fits even at depth 1 is dropped);
+  * per window the three fastest and the non-dominated (latency, DRAM bytes) ones are kept (at
+    most 5); each keeps its [stages, sm_count + 1] per-unit stage-time table
+    (cost.pipeline.stage_time_table), its queue slot bytes and the L2 left for queues beside
+    the weights it keeps resident.
+The windows of cost.compare.whole_model_pipeline (segments in chunks of its
+MAX_ATOMS_PER_PIPELINE fused groups) are enumerated exactly as compare does
+(cost.compare.pipeline_candidates) and the whole graph is always one more window for the
+four kernel strategies, so the candidate set contains a cover equal to every whole-model
+strategy of `kitsune-dse compare` (CandidateSet.baselines names them).
+
+Reuse. Windows are costed once per *structural signature* (op kinds, attrs, shapes, dtypes,
+which inputs are weights or come from inside the window, which outputs leave it): the repeated
+layers of a deep model cost one window each; the copies get the same numbers with their own op
+and tensor names (also inside the estimate's breakdown). The candidate count is linear in the
+graph size: at most max_window windows start at each atom, each with at most 4 + 5 candidates.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_candidates,
+                                      stream_segments)
+from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table,
+                                       stage_unit_time, stage_works)
+from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.strategies import (STRATEGIES, bsp, concurrent, fusion, fusion_groups,
+                                         split_sms, tilesync)
+from kitsune_dse.errors import InfeasibleError, KitsuneError, closest
+from kitsune_dse.graph.ir import Graph
+from kitsune_dse.hw.spec import HwSpec
+
+KERNEL_STRATEGIES = ("bsp", "fusion", "tilesync", "concurrent")
+_STRATEGY_FN = {"bsp": bsp, "fusion": fusion, "tilesync": tilesync, "concurrent": concurrent}
+DEFAULT_TILE_ROWS = 128
+MAX_STAGES_SMALL = 4          # stage cap for windows of up to 4 atoms
+MAX_STAGES_LARGE = 3          # and for longer windows
+REFINE_CUTS = 1               # cuts whose tile sizes and queue modes are explored
+KEEP_FASTEST = 3              # pipeline candidates kept per window: the fastest ...
+KEEP_MAX = 5                  # ... plus the non-dominated ones, at most this many in all
+PROBE_DEPTH = 2
+QUEUE_DEPTHS = (1, 2, 4, 8)   # ring slots (row-blocks) a queue may have
+CUTS_PER_STAGES = 3           # long windows: most even cuts tried per stage count
+MAX_PIPELINE_ATOMS = MAX_ATOMS_PER_PIPELINE   # longest window given pipeline candidates
+
+
+@dataclass(frozen=True)
+class Candidate:
+    id: int
+    ops: tuple[str, ...]          # topological order; a convex set (a window of the atom chain)
+    strategy: str                 # "bsp" | "fusion" | "tilesync" | "concurrent" | "pipeline"
+    estimate: Estimate            # the cost layer's estimate (pipelines: at `choice`)
+    choice: object | None         # PipelineChoice for pipelines, else None
+    stage_tables: "np.ndarray | None" = field(compare=False)  # [stages, sm_count+1] per-unit s
+    units: int = 1                # pipelines: hand-off units (row_blocks * slabs)
+    span: tuple[int, int] = (0, 0)        # atoms [lo, hi) of CandidateSet.atoms it covers
+    slabs: int = 1                        # pipelines: split-K slabs per row-block
+    slot_bytes: tuple[float, ...] = ()    # pipelines: bytes of one ring slot per queue
+    queue_budget_bytes: float = 0.0       # pipelines: L2 for queue slots beside resident weights
+
+    @property
+    def region(self) -> tuple[str, ...]:
+        return self.ops
+
+
+@dataclass
+class CandidateSet:
+    graph: Graph
+    spec: HwSpec
+    candidates: list[Candidate]
+    atoms: list[tuple[str, ...]]
+    sm_granularity: int = 1
+    max_window: int = 8
+    strategies: tuple[str, ...] = STRATEGIES
+    # whole-model strategy -> candidate ids whose sequence is that strategy applied to the whole
+    # model exactly as cost.compare.compare() computes it
+    baselines: dict = field(default_factory=dict)
+    stats: dict = field(default_factory=dict)
+
+    def by_span(self) -> dict[tuple[int, int], list[Candidate]]:
+        out: dict[tuple[int, int], list[Candidate]] = {}
+        for c in self.candidates:
+            out.setdefault(c.span, []).append(c)
+        return out
+
+    def baseline_estimates(self) -> dict[str, tuple[float, float]]:
+        """(latency_s, dram_bytes) of each whole-model strategy's cover."""
+        return {k: (sum(self.candidates[i].estimate.latency_s for i in ids),
+                    sum(self.candidates[i].estimate.dram_bytes for i in ids))
+                for k, ids in self.baselines.items()}
+
+
+# -- user input checks ------------------------------------------------------------------------
+def check_granularity(spec: HwSpec, sm_granularity) -> int:
+    if not isinstance(sm_granularity, (int, np.integer)) or isinstance(sm_granularity, bool):
+        raise InfeasibleError(f"--sm-granularity must be a whole number of SMs, got "
+                              f"{sm_granularity!r}")
+    g = int(sm_granularity)
+    if g < 1:
+        raise InfeasibleError(f"--sm-granularity {g} must be at least 1 SM")
+    if g > spec.sm_count:
+        raise InfeasibleError(f"--sm-granularity {g} is larger than {spec.name}'s "
+                              f"{spec.sm_count} SMs")
+    return g
+
+
+def _check_strategies(strategies) -> tuple[str, ...]:
+    if isinstance(strategies, str):
+        strategies = [s for s in strategies.replace(",", " ").split() if s]
+    out = []
+    for s in strategies:
+        if s not in STRATEGIES:
+            raise KitsuneError(f"unknown strategy {s!r}{closest(s, STRATEGIES)}; choose from "
+                               f"{', '.join(STRATEGIES)}")
+        if s not in out:
+            out.append(s)
+    if not out:
+        raise InfeasibleError(f"no strategy allowed; choose from {', '.join(STRATEGIES)}")
+    return tuple(s for s in STRATEGIES if s in out)
+
+
+# -- atoms ------------------------------------------------------------------------------------
+def atom_chain(graph: Graph) -> tuple[list[tuple[str, ...]], list[int]]:
+    """Fused groups of every stream segment, in a topological order of the group graph (ties
+    by first op), and the segment index of each."""
+    groups: list[tuple[str, ...]] = []
+    seg_of: list[int] = []
+    for si, seg in enumerate(stream_segments(graph)):
+        for grp in fusion_groups(Region.of(graph, seg)):
+            groups.append(tuple(sorted(grp, key=graph.index)))
+            seg_of.append(si)
+    where = {o: i for i, grp in enumerate(groups) for o in grp}
+    if all(where[p] <= where[o] for o in where for p in graph.preds(o)):
+        return groups, seg_of
+    # the creation order is not topological: Kahn's algorithm on the group graph
+    succ = [set() for _ in groups]
+    indeg = [0] * len(groups)
+    for o, i in where.items():
+        for p in graph.preds(o):
+            j = where[p]
+            if j != i and i not in succ[j]:
+                succ[j].add(i)
+                indeg[i] += 1
+    heap = [(graph.index(groups[i][0]), i) for i in range(len(groups)) if indeg[i] == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        _, u = heapq.heappop(heap)
+        order.append(u)
+        for v in succ[u]:
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                heapq.heappush(heap, (graph.index(groups[v][0]), v))
+    if len(order) != len(groups):      # a cycle between fused groups: a cost-layer bug
+        raise RuntimeError("fused groups are not convex: the group graph has a cycle")
+    return [groups[i] for i in order], [seg_of[i] for i in order]
+
+
+# -- structural signature and renaming --------------------------------------------------------
+def window_signature(graph: Graph, ops: tuple[str, ...], outputs: frozenset[str]):
+    """What the cost of a region depends on, without names: two windows with equal signatures
+    get equal estimates. Also returns the op and tensor names in signature order."""
+    local = {o: i for i, o in enumerate(ops)}
+    ext: dict[str, int] = {}
+    parts = []
+    tnames: list[str] = []
+    for o in ops:
+        op = graph.op(o)
+        ins = []
+        for t in op.inputs:
+            p = graph.producer(t)
+            if p in local:
+                ins.append((0, local[p], graph.op(p).outputs.index(t)))
+            else:
+                if t not in ext:
+                    ext[t] = len(ext)
+                    tnames.append(t)
+                tt = graph.tensors[t]
+                ins.append((1, ext[t], tt.shape, tt.dtype, t in graph.weights, p is None))
+        outs = []
+        for t in op.outputs:
+            tt = graph.tensors[t]
+            outs.append((tt.shape, tt.dtype, t in outputs, t in graph.outputs))
+            tnames.append(t)
+        attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
+        parts.append((op.kind, attrs, tuple(ins), tuple(outs)))
+    return tuple(parts), tuple(ops) + tuple(tnames)
+
+
+def _rename(obj, m: dict):
+    if not m:
+        return obj
+    if isinstance(obj, str):
+        if obj in m:
+            return m[obj]
+        if "+" in obj:
+            parts = obj.split("+")
+            if all(p in m for p in parts):
+                return "+".join(m[p] for p in parts)
+        return obj
+    if isinstance(obj, dict):
+        return {_rename(k, m): _rename(v, m) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_rename(v, m) for v in obj]
+    if isinstance(obj, tuple):
+        return tuple(_rename(v, m) for v in obj)
+    return obj
+
+
+# -- pipelines ----------------------------------------------------------------------------------
+def _compositions(n: int, k: int):
+    for cuts in itertools.combinations(range(1, n), k - 1):
+        b = (0,) + cuts + (n,)
+        yield tuple((b[i], b[i + 1]) for i in range(k))
+
+
+@dataclass
+class _PipeEval:
+    choice: PipelineChoice
+    estimate: Estimate | None
+    order: int
+    table: np.ndarray | None = None
+    plan: object | None = None
+    model_s: float = 0.0        # closed-form time at the balanced SMs (ranking only)
+    dram: float = 0.0
+
+
+def _queue_budget(spec: HwSpec, plan, resident) -> float:
+    """L2 bytes the queues may take without evicting a weight kept resident at the probe."""
+    if plan.row_blocks <= 1:
+        return float(spec.l2_usable_bytes)
+    res = resident or [False] * len(plan.stage_weights)
+    kept = sum(w for w, r in zip(plan.stage_weights, res) if r)
+    return max(0.0, float(spec.l2_usable_bytes) - kept)
+
+
+def table_and_totals(region: Region, spec: HwSpec, plan) -> tuple[np.ndarray, dict]:
+    """cost.pipeline.stage_time_table and the DRAM totals of the same stage_works call (the
+    table is built exactly as stage_time_table builds it; tests check the two agree)."""
+    S = spec.sm_count
+    axis = np.arange(1, S + 1)
+    works, totals = stage_works(region, spec, plan)
+    tab = np.empty((len(works), S + 1))
+    tab[:, 0] = np.inf
+    for j, w in enumerate(works):
+        tab[j, 1:] = stage_unit_time(w, spec, axis)
+    return tab, totals
+
+
+def adequate_depth(slabs: int, consumer_s: float, sync_s: float):
+    """Smallest ring depth (row-blocks) with which a queue never holds back its producer:
+    (depth * slabs - 1) * T_consumer >= 2 * sync, i.e. depth * slabs * B >= T_consumer + 2 * sync
+    for any bottleneck period B >= T_consumer (a slot is released one hand-off after its
+    consumer finishes and refilled one hand-off later); None if no depth of QUEUE_DEPTHS is.
+    The solver applies the same rule to integer nanoseconds (solver.queue_depth)."""
+    for d in QUEUE_DEPTHS:
+        if (d * slabs - 1) * consumer_s >= 2 * sync_s:
+            return d
+    return None
+
+
+class _PipelineEnumerator:
+    def __init__(self, graph: Graph, spec: HwSpec, step: int):
+        self.graph, self.spec, self.step = graph, spec, step
+        self.l2_dropped = 0
+        self.evaluated = 0
+        self.exact_calls = 0
+
+    def evaluate(self, region: Region, stages, tile_rows: int, modes, order: int):
+        """Probe plan, stage-time table, SMs balanced over it, the model's closed-form time."""
+        spec, S, g = self.spec, self.spec.sm_count, self.step
+        J = len(stages)
+        if J * g > S:
+            return None
+        probe = PipelineChoice(stages, (max(1, S // J),) * J, tile_rows,
+                               (PROBE_DEPTH,) * (J - 1), modes)
+        try:
+            plan = plan_stages(region, spec, probe)
+            if J > 1:
+                need = sum(plan.slot_bytes)
+                if PROBE_DEPTH * need > spec.l2_usable_bytes:
+                    if need > spec.l2_usable_bytes:
+                        self.l2_dropped += 1
+                        return None
+                    probe = PipelineChoice(stages, probe.sms, tile_rows, (1,) * (J - 1), modes)
+                    plan = plan_stages(region, spec, probe)
+            tab, totals = table_and_totals(region, spec, plan)
+        except InfeasibleError:
+            return None
+        if J == 1:
+            sms = ((S // g) * g,)
+        else:
+            _, split = split_sms([tab[j] for j in range(J)], S, g)
+            if not split:
+                return None
+            sms = tuple(int(s) for s in split)
+        self.evaluated += 1
+        units = plan.row_blocks * plan.slabs
+        T = [float(tab[j][s]) for j, s in enumerate(sms)]
+        B = max(T)
+        dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
+        model = max(sum(T) + (units - 1) * B + (J - 1) * spec.sync_latency_s,
+                    dram / spec.hbm_bandwidth_from(S)) + spec.graph_launch_overhead_s
+        # queue depths: the smallest adequate ones if they fit beside the resident weights
+        depths = probe.depths
+        if J > 1:
+            ad = [adequate_depth(plan.slabs, T[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
+                  for q in range(J - 1)]
+            budget = _queue_budget(spec, plan, totals.get("weights_resident"))
+            if sum(d * b for d, b in zip(ad, plan.slot_bytes)) <= budget:
+                depths = tuple(ad)
+        choice = PipelineChoice(stages, sms, tile_rows, depths, modes)
+        return _PipeEval(choice, None, order, tab, plan, model, dram)
+
+    def cut_options(self, atoms, work: list[float], k: int):
+        """Stage cuts of a window of k atoms: every cut for up to MAX_STAGES_SMALL stages when
+        k <= 4, else up to MAX_STAGES_LARGE stages and per stage count the CUTS_PER_STAGES
+        cuts with the most even split of the atoms' fused-kernel times."""
+        if k <= 4:
+            return [c for J in range(1, min(MAX_STAGES_SMALL, k) + 1) for c in _compositions(k, J)]
+        out = []
+        for J in range(1, MAX_STAGES_LARGE + 1):
+            comps = list(_compositions(k, J))
+            if len(comps) > CUTS_PER_STAGES:
+                comps.sort(key=lambda c: max(sum(work[lo:hi]) for lo, hi in c))
+                comps = comps[:CUTS_PER_STAGES]
+            out.extend(comps)
+        return out
+
+    def limited(self, region: Region, atoms: list[tuple[str, ...]], work: list[float]):
+        g = self.graph
+        k = len(atoms)
+        rows_first = max(1, g.tensors[g.op(region.ops[0]).outputs[0]].rows)
+        tile_opts = sorted({min(t, rows_first) for t in TILE_ROWS})
+        default_tile = min(DEFAULT_TILE_ROWS, rows_first)
+        out: list[_PipeEval] = []
+        seen = set()
+        order = 0
+        for comp in self.cut_options(atoms, work, k):
+            J = len(comp)
+            stages = tuple(tuple(sorted((o for a in atoms[lo:hi] for o in a), key=g.index))
+                           for lo, hi in comp)
+            tile = default_tile if J > 1 else rows_first
+            modes = ("row",) * (J - 1)
+            seen.add((stages, tile, modes))
+            ev = self.evaluate(region, stages, tile, modes, order)
+            order += 1
+            if ev is not None:
+                out.append(ev)
+        multi = sorted((e for e in out if len(e.choice.stages) > 1),
+                       key=lambda e: (e.model_s, e.dram, e.order))
+        for base in multi[:REFINE_CUTS]:
+            stages = base.choice.stages
+            J = len(stages)
+            for tile in tile_opts:
+                for modes in (("row",) * (J - 1), ("split_k",) * (J - 1)):
+                    if (stages, tile, modes) in seen:
+                        continue
+                    seen.add((stages, tile, modes))
+                    ev = self.evaluate(region, stages, tile, modes, order)
+                    order += 1
+                    if ev is not None:
+                        out.append(ev)
+        kept = _keep(out, lambda e: (e.model_s, e.dram, e.order))
+        for e in kept:
+            try:
+                e.estimate = pipeline(region, self.spec, e.choice)
+            except InfeasibleError:
+                e.estimate = None
+            self.exact_calls += 1
+        return [e for e in kept if e.estimate is not None]
+
+    def full(self, region: Region) -> list[_PipeEval]:
+        """cost.compare.pipeline_candidates, exactly the search of whole_model_pipeline; the
+        kept ones get their stage-time tables."""
+        res = pipeline_candidates(region, self.spec, self.step)
+        self.evaluated += len(res)
+        self.exact_calls += len(res)
+        evals = [_PipeEval(pc.choice, pc.estimate, i, model_s=pc.estimate.latency_s,
+                           dram=pc.estimate.dram_bytes) for i, pc in enumerate(res)]
+        kept = _keep(evals, lambda e: (e.model_s, e.dram, e.order))
+        for e in kept:
+            e.plan = plan_stages(region, self.spec, e.choice)
+            e.table = stage_time_table(region, self.spec, e.plan)
+        return kept
+
+
+def _keep(evals, key) -> list:
+    """The KEEP_FASTEST first by `key`, then the non-dominated (by DRAM bytes), KEEP_MAX in all."""
+    if not evals:
+        return []
+    by = sorted(evals, key=key)
+    kept = by[:KEEP_FASTEST]
+    best = math.inf
+    for e in sorted(evals, key=lambda e: (e.dram, key(e))):
+        if e.model_s < best:
+            best = e.model_s
+            if len(kept) < KEEP_MAX and all(e is not k for k in kept):
+                kept.append(e)
+    kept.sort(key=key)
+    return kept
+
+
+# -- the builder ----------------------------------------------------------------------------------
+@dataclass
+class _Entry:
+    """One costed candidate of a window, with names as in the window it was costed for."""
+    strategy: str
+    estimate: Estimate
+    choice: PipelineChoice | None = None
+    table: np.ndarray | None = None
+    units: int = 1
+    slabs: int = 1
+    slot_bytes: tuple[float, ...] = ()
+    queue_budget: float = 0.0
+
+
+def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_granularity: int = 1,
+                     strategies=STRATEGIES, progress=None) -> CandidateSet:
+    """Every window of up to `max_window` atoms with each allowed strategy (see the module doc).
+    `progress(done, total)` is called as windows are costed."""
+    step = check_granularity(spec, sm_granularity)
+    strategies = _check_strategies(strategies)
+    if not isinstance(max_window, int) or max_window < 1:
+        raise InfeasibleError(f"max_window must be at least 1 fused group, got {max_window!r}")
+    atoms, seg_of = atom_chain(graph)
+    n = len(atoms)
+    kernel_strats = [s for s in KERNEL_STRATEGIES if s in strategies]
+    want_pipe = "pipeline" in strategies
+
+    # the windows whole_model_pipeline uses: chunks of each segment's fused groups
+    pipe_windows: list[tuple[int, int]] = []
+    if want_pipe:
+        lo = 0
+        while lo < n:
+            hi = lo
+            while hi < n and seg_of[hi] == seg_of[lo]:
+                hi += 1
+            for a in range(lo, hi, MAX_ATOMS_PER_PIPELINE):
+                pipe_windows.append((a, min(hi, a + MAX_ATOMS_PER_PIPELINE)))
+            lo = hi
+    full_pipe = set(pipe_windows)
+    windows = [(lo, hi) for lo in range(n) for hi in range(lo + 1, min(n, lo + max_window) + 1)]
+    extra = sorted({w for w in pipe_windows if w[1] - w[0] > max_window})
+    if n > max_window:
+        extra.append((0, n))
+    # by size first: the one-atom windows give the atom times that rank long windows' cuts
+    windows = sorted(set(windows) | set(extra), key=lambda w: (w[1] - w[0], w[0]))
+
+    enum = _PipelineEnumerator(graph, spec, step)
+    cache: dict = {}
+    hits = 0
+    work = [0.0] * n
+    cands: list[Candidate] = []
+    span_ids: dict[tuple[int, int], dict[str, list[int]]] = {}
+    for wi, (lo, hi) in enumerate(windows):
+        ops = tuple(sorted((o for a in atoms[lo:hi] for o in a), key=graph.index))
+        region = Region.of(graph, ops)
+        sig, names = window_signature(graph, ops, frozenset(region.outputs))
+        full = (lo, hi) in full_pipe
+        do_pipe = (want_pipe and seg_of[lo] == seg_of[hi - 1]
+                   and (full or hi - lo <= min(max_window, MAX_PIPELINE_ATOMS)))
+        key = (sig, do_pipe, full)
+        if key in cache:
+            hits += 1
+            src_names, entries = cache[key]
+            mapping = {a: b for a, b in zip(src_names, names) if a != b}
+        else:
+            entries = [_Entry(s, _STRATEGY_FN[s](region, spec)) for s in kernel_strats]
+            if do_pipe:
+                evals = (enum.full(region) if full
+                         else enum.limited(region, [tuple(a) for a in atoms[lo:hi]],
+                                           work[lo:hi]))
+                for e in evals:
+                    p = e.plan
+                    entries.append(_Entry(
+                        "pipeline", e.estimate, e.choice, e.table, p.row_blocks * p.slabs,
+                        p.slabs, tuple(p.slot_bytes),
+                        _queue_budget(spec, p, e.estimate.breakdown.get("weights_resident"))))
+            cache[key] = (names, entries)
+            mapping = {}
+        if hi - lo == 1 and entries:
+            work[lo] = min(e.estimate.latency_s for e in entries)
+        ids = span_ids.setdefault((lo, hi), {})
+        for e in entries:
+            est = e.estimate
+            choice = e.choice
+            if mapping:
+                est = Estimate(est.latency_s, est.dram_read_bytes, est.dram_write_bytes,
+                               est.l2_bytes, est.kernel_launches, est.sm_busy_fraction, est.flops,
+                               _rename(est.breakdown, mapping))
+                if choice is not None:
+                    choice = PipelineChoice(_rename(choice.stages, mapping), choice.sms,
+                                            choice.tile_rows, choice.depths, choice.modes)
+            c = Candidate(len(cands), ops, e.strategy, est, choice, e.table, e.units, (lo, hi),
+                          e.slabs, e.slot_bytes, e.queue_budget)
+            ids.setdefault(e.strategy, []).append(c.id)
+            cands.append(c)
+        if progress is not None:
+            progress(wi + 1, len(windows))
+
+    # every atom must be coverable
+    covered = [False] * n
+    for c in cands:
+        for i in range(*c.span):
+            covered[i] = True
+    if not all(covered):
+        i = covered.index(False)
+        why = ""
+        if strategies == ("pipeline",) and enum.l2_dropped:
+            why = (f"; {spec.name}'s usable L2 ({spec.l2_usable_bytes / 2**20:.1f} MiB) is too "
+                   f"small for one slot per queue of any pipeline over it")
+        raise InfeasibleError(f"no allowed strategy ({', '.join(strategies)}) can run op "
+                              f"{atoms[i][0]!r}{why}")
+
+    baselines: dict[str, list[int]] = {}
+    for s in kernel_strats:
+        baselines[s] = list(span_ids[(0, n)][s][:1])
+    if want_pipe:
+        ids = []
+        for w in pipe_windows:
+            d = span_ids[w]
+            if d.get("pipeline"):
+                best = min(d["pipeline"], key=lambda i: (cands[i].estimate.latency_s,
+                                                         cands[i].estimate.dram_bytes, i))
+                ids.append(best)
+            elif d.get("fusion"):
+                ids.append(d["fusion"][0])
+            else:
+                ids = None
+                break
+        if ids is not None:
+            baselines["pipeline"] = ids
+    stats = {"atoms": n, "windows": len(windows), "candidates": len(cands),
+             "pipeline_candidates": sum(c.strategy == "pipeline" for c in cands),
+             "pipelines_evaluated": enum.evaluated, "pipelines_exact": enum.exact_calls,
+             "pipelines_dropped_for_l2": enum.l2_dropped,
+             "window_cache_hits": hits}
+    return CandidateSet(graph, spec, cands, list(atoms), step, max_window, strategies, baselines,
+                        stats)

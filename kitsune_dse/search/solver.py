@@ -1,0 +1,584 @@
+"""CP-SAT plan search over a CandidateSet, behind one facade: `solve`.
+
+The integer model
+-----------------
+Times are integer nanoseconds (TIME_UNIT_S), DRAM bytes integer KiB (BYTE_UNIT), queue slots
+KiB rounded up and the L2 budget KiB rounded down. One boolean per candidate; every atom (so
+every op) is covered by exactly one chosen candidate. Candidates are windows of the atom chain,
+so any cover is also a valid execution order, and regions run one after another: the plan's
+latency is the sum of its regions' latencies and its DRAM bytes the sum of theirs (the final
+figures are the cost layer's: cost.region.compose_sequential also lets a hand-off that fits the
+L2 skip DRAM, which only lowers the bytes).
+
+A kernel candidate (bsp, fusion, tilesync, concurrent) costs its estimate. A pipeline candidate
+with J stages and U hand-off units costs, for SM counts s_j (one boolean per allowed count of
+each stage, multiples of sm_granularity, sum <= the GPU's SMs) with per-unit stage times
+T_j = stage_tables[j][s_j] and bottleneck B = max_j T_j (an AddMaxEquality):
+    L = max(sum_j T_j + (U - 1) * B + (J - 1) * sync,  DRAM bytes / HBM bandwidth) + launch
+the tandem queue's makespan when every queue is deep enough. Each queue q takes a depth d_q in
+{1, 2, 4, 8} ring slots (row-blocks), the smallest *adequate* one,
+    d_q * slabs * B >= T_{q+1} + 2 * sync       (and the next smaller depth is not adequate),
+and the queues' slots fit the L2 the candidate leaves beside its resident weights:
+sum_q d_q * slot_q <= queue budget. Then the exact queue model (cost.pipeline.pipeline) re-times
+the chosen configuration; the result's figures are always the exact ones.
+
+Each stage's allowed SM counts are the ones nearest its balanced count (candidate.choice.sms): at
+most ceil(4096 ** (1/J)) per stage (8 for four stages, 16 for three, 64 for two), 32768 ** (1/J)
+when the graph has at most 24 atoms; a one-stage pipeline may take any count.
+
+Decomposition
+-------------
+Regions are sequential and a pipeline's SMs are its own, so a candidate's best configuration does
+not depend on the rest of the plan. Every pipeline candidate is therefore also pre-solved (its
+allowed allocations enumerated with NumPy) for dominance pruning: on each window only candidates
+not beaten in both latency and bytes by another one stay (an exact reduction; skipped when
+alternatives are requested). While the SM booleans of the remaining pipeline candidates number
+at most SM_BOOL_LIMIT (small and medium graphs, every zoo model), they enter CP-SAT as above;
+beyond that (large graphs) each pipeline candidate enters as its pre-solved best configuration,
+and the CP-SAT model is the pure interval cover, whose LP relaxation is integral.
+
+Objectives and determinism
+--------------------------
+"latency": minimise total latency, then fix it (<= the optimum found) and minimise DRAM bytes.
+"traffic": bytes, then latency. "pareto": an epsilon-constraint sweep on bytes (at most
+MAX_PARETO plans). time_limit_s bounds the whole call; status is CP-SAT's for the primary
+objective and gap = (objective - bound) / objective. One search worker, a fixed random seed and
+interleave_search off make CP-SAT deterministic: the same inputs give the same plan.
+`alternatives=K` adds a no-good on the plan's literals (candidates and SM counts) and solves
+again, K times: the next-best distinct plans, ranked by the model's latency.
+
+Guarantees
+----------
+After the exact re-timing, the plan is compared with the best cover that uses every candidate at
+its own, exactly costed configuration (a dynamic program over the atom chain, exact.py), and the
+better one is returned (source "cp-sat" or "exact-dp"). The candidate set contains every
+whole-model strategy of cost.compare.compare() as such a cover (CandidateSet.baselines), so the
+plan is never predicted slower than the best single strategy applied to the whole model.
+"""
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
+from kitsune_dse.cost.region import Region, compose_sequential
+from kitsune_dse.errors import InfeasibleError, KitsuneError
+from kitsune_dse.search.candidates import QUEUE_DEPTHS, Candidate, CandidateSet, check_granularity
+
+TIME_UNIT_S = 1e-9          # model times: integer nanoseconds
+BYTE_UNIT = 1024            # model bytes: integer KiB
+SM_COMBOS = 4096            # allocations per pipeline candidate (product of per-stage counts)
+SM_COMBOS_SMALL = 32768     # ... for graphs of at most SMALL_ATOMS atoms
+SMALL_ATOMS = 24
+SM_BOOL_LIMIT = 20000       # SM booleans in CP-SAT beyond which pipelines enter pre-solved
+MAX_PARETO = 16
+OBJECTIVES = ("latency", "traffic", "pareto")
+
+
+@dataclass
+class SolverResult:
+    status: str                 # "OPTIMAL" | "FEASIBLE"
+    gap: float                  # relative gap (0.0 when optimal)
+    objective: str
+    chosen: list[Candidate]     # covering every op once, in execution (topological) order
+    latency_s: float            # exact cost-model totals of the chosen regions
+    dram_bytes: float
+    wall_s: float
+    pareto: list = field(default_factory=tuple)
+    alternatives: list = field(default_factory=list)
+    model_latency_s: float = 0.0     # the integer model's totals of the solver's plan
+    model_dram_bytes: float = 0.0
+    source: str = "cp-sat"           # "cp-sat", "exact-dp", "dp", "brute-force"
+    stats: dict = field(default_factory=dict)
+
+    def plan_key(self) -> tuple:
+        """What makes two plans the same: regions, strategies, stages, SMs, tiles, depths."""
+        return tuple((c.ops, c.strategy, c.choice) for c in self.chosen)
+
+
+# -- the integer model ------------------------------------------------------------------------------
+def _ns(t: float) -> int:
+    return int(round(t / TIME_UNIT_S))
+
+
+def _kib(b: float) -> int:
+    return int(round(b / BYTE_UNIT))
+
+
+@dataclass
+class PipeModel:
+    J: int
+    allowed: list[np.ndarray]       # per stage: allowed SM counts (ascending)
+    tab: list[np.ndarray]           # per stage: integer ns per unit at those counts
+    depth: list[np.ndarray]         # per stage j >= 1: depth of its input queue at those counts
+    units: int
+    slabs: int
+    sync: int
+    floor: int
+    launch: int
+    slot_kib: list[int]
+    budget_kib: int
+    sm_count: int
+
+    def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
+        """(L, depths) of one allocation, None where it is infeasible."""
+        T, D = [], []
+        for j, s in enumerate(sms):
+            k = int(np.searchsorted(self.allowed[j], s))
+            if k >= len(self.allowed[j]) or self.allowed[j][k] != s:
+                return None
+            T.append(int(self.tab[j][k]))
+            if j > 0:
+                D.append(int(self.depth[j][k]))
+        if sum(sms) > self.sm_count:
+            return None
+        if sum(d * s for d, s in zip(D, self.slot_kib)) > self.budget_kib:
+            return None
+        B = max(T)
+        L = max(sum(T) + (self.units - 1) * B + (self.J - 1) * self.sync, self.floor) + self.launch
+        return L, tuple(D)
+
+    def best(self):
+        """(L, sms, depths) minimising L over every allowed allocation (the first in ascending
+        order on ties), or None; vectorised over the allocations."""
+        J = self.J
+        if any(len(a) == 0 for a in self.allowed):
+            return None
+        grids = np.meshgrid(*[np.arange(len(a)) for a in self.allowed], indexing="ij")
+        idx = [g.ravel() for g in grids]
+        S = [self.allowed[j][idx[j]] for j in range(J)]
+        T = [self.tab[j][idx[j]] for j in range(J)]
+        D = [self.depth[j][idx[j]] for j in range(1, J)]
+        ok = np.sum(S, axis=0) <= self.sm_count
+        if J > 1:
+            ok &= np.sum([d * s for d, s in zip(D, self.slot_kib)], axis=0) <= self.budget_kib
+        if not ok.any():
+            return None
+        B = np.max(T, axis=0)
+        L = np.maximum(np.sum(T, axis=0) + (self.units - 1) * B + (J - 1) * self.sync,
+                       self.floor) + self.launch
+        L = np.where(ok, L, np.iinfo(np.int64).max)
+        k = int(np.argmin(L))
+        return (int(L[k]), tuple(int(S[j][k]) for j in range(J)),
+                tuple(int(D[q][k]) for q in range(J - 1)))
+
+
+def queue_depth(slabs: int, consumer_ns, sync_ns: int):
+    """The smallest adequate ring depth of a queue (row-blocks) for a consumer taking
+    `consumer_ns` per unit: (depth * slabs - 1) * T_consumer >= 2 * sync (with the bottleneck's
+    period B >= T_consumer, depth * slabs * B >= T_consumer + 2 * sync: a slot is released one
+    hand-off after its consumer finishes and refilled one hand-off later, so the producer is
+    never held back); 0 where no depth of QUEUE_DEPTHS is adequate. Works on arrays."""
+    t = np.asarray(consumer_ns, dtype=np.int64)
+    out = np.zeros_like(t)
+    for d in reversed(QUEUE_DEPTHS):
+        out = np.where((d * slabs - 1) * t >= 2 * sync_ns, d, out)
+    return out
+
+
+def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
+    spec = cset.spec
+    S = spec.sm_count
+    tabs = np.asarray(c.stage_tables, dtype=float)
+    J = tabs.shape[0]
+    slabs = int(c.slabs)
+    sync = _ns(spec.sync_latency_s)
+    counts = np.arange(step, S - (J - 1) * step + 1, step)
+    combos = SM_COMBOS_SMALL if len(cset.atoms) <= SMALL_ATOMS else SM_COMBOS
+    W = len(counts) if J == 1 else max(1, int(combos ** (1.0 / J) + 1e-9))
+    allowed, tab, depth = [], [], []
+    for j in range(J):
+        vals = tabs[j][counts]
+        ns = np.rint(np.where(np.isfinite(vals), vals, 1e3) / TIME_UNIT_S).astype(np.int64)
+        dep = queue_depth(slabs, ns, sync) if j > 0 else np.ones_like(ns)
+        usable = dep > 0
+        cnt, ns, dep = counts[usable], ns[usable], dep[usable]
+        if W < len(cnt):
+            centre = c.choice.sms[j] if c.choice is not None and j < len(c.choice.sms) else S // J
+            keep = np.sort(np.argsort(np.abs(cnt - centre), kind="stable")[:W])
+            cnt, ns, dep = cnt[keep], ns[keep], dep[keep]
+        allowed.append(cnt.astype(np.int64))
+        tab.append(ns)
+        depth.append(dep.astype(np.int64))
+    return PipeModel(
+        J=J, allowed=allowed, tab=tab, depth=depth, units=int(c.units), slabs=slabs, sync=sync,
+        floor=_ns(c.estimate.dram_bytes / spec.hbm_bandwidth_from(S)),
+        launch=_ns(spec.graph_launch_overhead_s),
+        slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
+        budget_kib=int(math.floor(c.queue_budget_bytes / BYTE_UNIT)), sm_count=S)
+
+
+@dataclass
+class Item:
+    """One candidate in the integer model."""
+    cand: Candidate
+    lat: int                  # kernel candidates: ns; pipelines: the pre-solved best
+    kib: int
+    pm: PipeModel | None = None
+    best: tuple | None = None  # pipelines: (L, sms, depths)
+
+
+def model_items(cset: CandidateSet, step: int) -> list[Item]:
+    """Every candidate as an Item; pipeline candidates with no feasible allocation are left out."""
+    items = []
+    for c in cset.candidates:
+        kib = _kib(c.estimate.dram_bytes)
+        if c.strategy == "pipeline":
+            if c.stage_tables is None or c.choice is None:
+                continue
+            pm = pipe_model(c, cset, step)
+            best = pm.best()
+            if best is None:
+                continue
+            items.append(Item(c, best[0], kib, pm, best))
+        else:
+            items.append(Item(c, _ns(c.estimate.latency_s), kib))
+    return items
+
+
+def prune_dominated(items: list[Item]) -> list[Item]:
+    """On each window keep the items no other item of the window matches or beats in both
+    latency and bytes (equal ones: the first stays)."""
+    by_span: dict[tuple, list[Item]] = {}
+    for it in items:
+        by_span.setdefault(it.cand.span, []).append(it)
+    keep = set()
+    for group in by_span.values():
+        for i, a in enumerate(group):
+            dominated = False
+            for k, b in enumerate(group):
+                if k == i:
+                    continue
+                if b.lat <= a.lat and b.kib <= a.kib and (b.lat < a.lat or b.kib < a.kib or k < i):
+                    dominated = True
+                    break
+            if not dominated:
+                keep.add(id(a))
+    return [it for it in items if id(it) in keep]
+
+
+def resolve_granularity(cset: CandidateSet, sm_granularity) -> int:
+    g = check_granularity(cset.spec, sm_granularity)
+    g = math.lcm(g, max(1, int(cset.sm_granularity)))
+    return check_granularity(cset.spec, g)
+
+
+def check_objective(objective: str) -> str:
+    if objective not in OBJECTIVES:
+        raise KitsuneError(f"--objective {objective!r}: choose one of {', '.join(OBJECTIVES)}")
+    return objective
+
+
+# -- exact re-timing and results --------------------------------------------------------------------
+Pick = tuple  # (Candidate, sms or None, depths or None)
+
+
+def retime(cset: CandidateSet, picks: list[Pick]) -> list[Candidate]:
+    """The chosen candidates in execution order; pipelines with the solver's SMs and depths,
+    their estimate recomputed exactly by cost.pipeline.pipeline."""
+    out = []
+    for c, sms, depths in sorted(picks, key=lambda p: p[0].span):
+        if c.strategy == "pipeline" and sms is not None:
+            ch = c.choice
+            choice = PipelineChoice(ch.stages, tuple(int(s) for s in sms), ch.tile_rows,
+                                    tuple(int(d) for d in depths), ch.modes)
+            if choice != ch:
+                est = pipeline(Region.of(cset.graph, c.ops), cset.spec, choice)
+                c = replace(c, estimate=est, choice=choice)
+        out.append(c)
+    return out
+
+
+def totals(cset: CandidateSet, chosen: list[Candidate]) -> tuple[float, float]:
+    lat = sum(c.estimate.latency_s for c in chosen)
+    est = compose_sequential(cset.graph, cset.spec, [(c.ops, c.estimate) for c in chosen])
+    return lat, est.dram_bytes
+
+
+def make_result(cset, picks, objective, status, gap, t0, model_lat, model_kib, source,
+                stats=None) -> SolverResult:
+    chosen = retime(cset, picks)
+    lat, dram = totals(cset, chosen)
+    return SolverResult(status, gap, objective, chosen, lat, dram, time.perf_counter() - t0,
+                        model_latency_s=model_lat * TIME_UNIT_S,
+                        model_dram_bytes=float(model_kib * BYTE_UNIT), source=source,
+                        stats=dict(stats or {}))
+
+
+def _key(res: SolverResult, objective: str) -> tuple:
+    if objective == "traffic":
+        return (res.dram_bytes, res.latency_s)
+    return (res.latency_s, res.dram_bytes)
+
+
+def guard(cset: CandidateSet, res: SolverResult, objective: str) -> SolverResult:
+    """Keep the better of `res` and the best cover of exactly costed candidates (each at its
+    own configuration, or as re-timed in `res`)."""
+    from kitsune_dse.search.exact import exact_cover
+    extra = [c for c in res.chosen if c.strategy == "pipeline"]
+    alt = exact_cover(cset, "traffic" if objective == "traffic" else "latency", extra)
+    lat, dram = totals(cset, alt)
+    if objective == "traffic":
+        better = (dram, lat) < (res.dram_bytes * (1 - 1e-12), math.inf) or (
+            dram <= res.dram_bytes and lat < res.latency_s * (1 - 1e-12))
+    else:
+        better = lat < res.latency_s * (1 - 1e-12) or (
+            lat <= res.latency_s and dram < res.dram_bytes * (1 - 1e-12))
+    if not better:
+        return res
+    return replace(res, chosen=alt, latency_s=lat, dram_bytes=dram, source="exact-dp")
+
+
+def pareto_filter(results: list[SolverResult]) -> list[SolverResult]:
+    """Mutually non-dominated plans (exact figures), by latency; duplicates dropped."""
+    out: list[SolverResult] = []
+    for r in sorted(results, key=lambda r: (r.latency_s, r.dram_bytes)):
+        if any(o.latency_s <= r.latency_s and o.dram_bytes <= r.dram_bytes for o in out):
+            continue
+        out.append(r)
+    return out
+
+
+# -- CP-SAT -------------------------------------------------------------------------------------------
+class _Cover:
+    def __init__(self, cset: CandidateSet, items: list[Item], use_sm_bools: bool):
+        self.cset, self.items = cset, items
+        self.use_sm_bools = use_sm_bools
+        m = self.model = cp_model.CpModel()
+        n = len(cset.atoms)
+        self.x = [m.new_bool_var(f"x{it.cand.id}") for it in items]
+        cover = [[] for _ in range(n)]
+        for v, it in zip(self.x, items):
+            for p in range(*it.cand.span):
+                cover[p].append(v)
+        for p, vs in enumerate(cover):
+            if not vs:
+                raise InfeasibleError(f"no candidate left covers op {cset.atoms[p][0]!r}")
+            m.add_exactly_one(vs)
+        lat_terms, kib_terms = [], []
+        self.sm_vars: dict[int, list[list]] = {}
+        self.b_vars: dict[int, object] = {}
+        for i, (v, it) in enumerate(zip(self.x, items)):
+            kib_terms.append(it.kib * v)
+            if it.pm is None or not use_sm_bools:
+                lat_terms.append(it.lat * v)
+                continue
+            lat_terms.append(self._pipeline(i, v, it.pm, it.best[0]))
+        self.lat = sum(lat_terms)
+        self.kib = sum(kib_terms)
+
+    def _pipeline(self, i: int, x, pm: PipeModel, best: int):
+        m = self.model
+        ys, Ts = [], []
+        for j in range(pm.J):
+            yj = [m.new_bool_var(f"y{i}_{j}_{int(a)}") for a in pm.allowed[j]]
+            m.add(sum(yj) == x)
+            ys.append(yj)
+            Ts.append(sum(int(t) * y for t, y in zip(pm.tab[j], yj)))
+        if sum(int(a[-1]) for a in pm.allowed) > pm.sm_count:
+            m.add(sum(int(a) * y for j in range(pm.J) for a, y in zip(pm.allowed[j], ys[j]))
+                  <= pm.sm_count)
+        if pm.J > 1:
+            l2 = [(int(d) * pm.slot_kib[j - 1], y) for j in range(1, pm.J)
+                  for d, y in zip(pm.depth[j], ys[j])]
+            worst = sum(int(pm.depth[j].max()) * pm.slot_kib[j - 1] for j in range(1, pm.J))
+            if worst > pm.budget_kib:
+                m.add(sum(c * y for c, y in l2) <= pm.budget_kib)
+        maxt = max(int(t.max()) for t in pm.tab)
+        span = sum(Ts) + (pm.J - 1) * pm.sync * x
+        if pm.units > 1 and pm.J > 1:
+            B = m.new_int_var(0, maxt, f"B{i}")
+            for t in Ts:
+                m.add(B >= t)
+            span = span + (pm.units - 1) * B
+            self.b_vars[i] = B
+        elif pm.units > 1:
+            span = span + (pm.units - 1) * Ts[0]
+        # latency - launch = max(span, floor) = (best - launch) + E with E >= 0: the pre-solved
+        # best is a valid bound (no allocation beats it), written so the LP sees it on x
+        ub = pm.J * maxt + (pm.units - 1) * maxt + (pm.J - 1) * pm.sync + pm.floor
+        base = best - pm.launch
+        E = m.new_int_var(0, max(0, ub - base), f"E{i}")
+        m.add(E + base * x >= span)
+        if pm.floor > base:
+            m.add(E + base * x >= pm.floor * x)
+        self.sm_vars[i] = ys
+        return E + best * x
+
+    # one solve of a clone of the model with extra constraints
+    def run(self, objective_expr, limit_s: float, seed: int, extra=(), hint=None):
+        m = self.model.clone()
+        for kind, expr, bound in extra:
+            if kind == "le":
+                m.add(expr <= bound)
+            else:
+                m.add(sum(expr) <= bound)     # a no-good: at most len-1 of the literals
+        m.minimize(objective_expr)
+        if hint is not None:
+            for v, val in hint:
+                m.add_hint(v, val)
+        s = cp_model.CpSolver()
+        p = s.parameters
+        p.max_time_in_seconds = max(0.01, float(limit_s))
+        p.num_workers = 1
+        p.random_seed = int(seed)
+        p.interleave_search = False
+        p.cp_model_probing_level = 0     # probing costs seconds on the SM tables, finds nothing
+        st = s.solve(m)
+        return s, st
+
+    def values(self, s):
+        return [int(s.value(v)) for v in self.x]
+
+    def picks(self, s) -> tuple[list[Pick], list, int, int]:
+        """The chosen (candidate, sms, depths), their literals, the model's latency and KiB."""
+        out, lits = [], []
+        lat = kib = 0
+        for i, (v, it) in enumerate(zip(self.x, self.items)):
+            if not s.boolean_value(v):
+                continue
+            lits.append(v)
+            kib += it.kib
+            if it.pm is None:
+                lat += it.lat
+                out.append((it.cand, None, None))
+            elif self.use_sm_bools:
+                sms = []
+                for j, yj in enumerate(self.sm_vars[i]):
+                    k = next(k for k, y in enumerate(yj) if s.boolean_value(y))
+                    sms.append(int(it.pm.allowed[j][k]))
+                    lits.append(yj[k])
+                L, depths = it.pm.evaluate(sms)
+                lat += L
+                out.append((it.cand, tuple(sms), depths))
+            else:
+                lat += it.best[0]
+                out.append((it.cand, it.best[1], it.best[2]))
+        return out, lits, lat, kib
+
+    def dp_hint(self, objective: str):
+        """A warm start: the best cover of pre-solved items (exact.py's DP), as a full
+        assignment of the candidate and SM booleans."""
+        from kitsune_dse.search.exact import _dp_lexi
+        key = (lambda it: (it.kib, it.lat)) if objective == "traffic" else (
+            lambda it: (it.lat, it.kib))
+        sol = _dp_lexi(len(self.cset.atoms), [(it.cand.span, key(it), k)
+                                              for k, it in enumerate(self.items)])
+        on = set(sol[1]) if sol else set()
+        h = []
+        for k, (v, it) in enumerate(zip(self.x, self.items)):
+            h.append((v, int(k in on)))
+            if k in self.sm_vars:
+                sms = it.best[1]
+                for j, yj in enumerate(self.sm_vars[k]):
+                    h += [(y, int(k in on and int(a) == sms[j]))
+                          for a, y in zip(it.pm.allowed[j], yj)]
+        return h
+
+    def hint_of(self, s):
+        h = [(v, int(s.boolean_value(v))) for v in self.x]
+        for ys in self.sm_vars.values():
+            h += [(y, int(s.boolean_value(y))) for yj in ys for y in yj]
+        return h
+
+
+_STATUS = {cp_model.OPTIMAL: "OPTIMAL", cp_model.FEASIBLE: "FEASIBLE"}
+
+
+def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.0,
+          sm_granularity: int = 1, seed: int = 0, alternatives: int = 0) -> SolverResult:
+    """The best plan of `cands` for `objective` (see the module doc)."""
+    t0 = time.perf_counter()
+    objective = check_objective(objective)
+    step = resolve_granularity(cands, sm_granularity)
+    if not (time_limit_s and time_limit_s > 0):
+        raise KitsuneError(f"--time-limit {time_limit_s}: must be a positive number of seconds")
+    alternatives = int(alternatives or 0)
+    if alternatives < 0:
+        raise KitsuneError(f"--alternatives {alternatives}: must be >= 0")
+    deadline = t0 + float(time_limit_s)
+    items = model_items(cands, step)
+    n_all = len(items)
+    if alternatives == 0:
+        items = prune_dominated(items)
+    sm_bools = sum(sum(len(a) for a in it.pm.allowed) for it in items if it.pm is not None)
+    use_bools = sm_bools <= SM_BOOL_LIMIT
+    cov = _Cover(cands, items, use_bools)
+    stats = {"items": n_all, "items_after_pruning": len(items), "sm_booleans": sm_bools if use_bools
+             else 0, "pipelines_presolved": not use_bools, "build_s": time.perf_counter() - t0}
+    primary, secondary = ((cov.kib, cov.lat) if objective == "traffic" else (cov.lat, cov.kib))
+    n_solves = 2 * (MAX_PARETO if objective == "pareto" else 1 + alternatives)
+    state = {"left": n_solves}
+
+    def budget():
+        left = max(1, state["left"])
+        state["left"] -= 1
+        return max(0.02, (deadline - time.perf_counter()) / left)
+
+    def lexi(extra, hint=None):
+        """Primary then secondary; (picks, lits, status, gap, lat, kib, hint) or None."""
+        s, st = cov.run(primary, budget(), seed, extra, hint)
+        if st not in _STATUS:
+            state["left"] -= 1
+            return None
+        status = _STATUS[st]
+        obj, bound = s.objective_value, s.best_objective_bound
+        gap = 0.0 if status == "OPTIMAL" else max(0.0, (obj - bound) / max(1.0, abs(obj)))
+        h = cov.hint_of(s)
+        s2, st2 = cov.run(secondary, budget(), seed, list(extra) + [("le", primary, int(round(obj)))], h)
+        if st2 in _STATUS:
+            s = s2
+        picks, lits, mlat, mkib = cov.picks(s)
+        return picks, lits, status, gap, mlat, mkib, h
+
+    first = lexi([], cov.dp_hint(objective))
+    if first is None:
+        # no solution within the time limit: the exact DP over pre-solved candidates
+        from kitsune_dse.search.exact import solve_exact
+        res = solve_exact(cands, "traffic" if objective == "traffic" else "latency", step)
+        return replace(res, status="FEASIBLE", gap=float("nan"), wall_s=time.perf_counter() - t0,
+                       objective=objective, source="exact-dp", stats=stats)
+    picks, lits, status, gap, mlat, mkib, hint = first
+    main = make_result(cands, picks, objective, status, gap, t0, mlat, mkib, "cp-sat", stats)
+
+    if objective == "pareto":
+        points = [main]
+        kib = mkib
+        while len(points) < MAX_PARETO and time.perf_counter() < deadline:
+            cuts = [("le", cov.kib, kib - 1)]
+            nxt = lexi(cuts)
+            if nxt is None:
+                break
+            p, _, st, gp, la, kb, _ = nxt
+            points.append(make_result(cands, p, objective, st, gp, t0, la, kb, "cp-sat", stats))
+            kib = kb
+        # the exactly costed covers join the front (they carry the whole-model guarantee)
+        points.append(guard(cands, main, "latency"))
+        points.append(guard(cands, points[-2], "traffic"))
+        front = pareto_filter(points)
+        return replace(front[0], pareto=front, wall_s=time.perf_counter() - t0,
+                       status=main.status, gap=main.gap)
+
+    result = guard(cands, main, objective)
+    if alternatives:
+        alts = []
+        nogoods = []
+        prev_lits = lits
+        seen = {result.plan_key(), main.plan_key()}
+        while len(alts) < alternatives and time.perf_counter() < deadline:
+            nogoods.append(("nogood", list(prev_lits), len(prev_lits) - 1))
+            nxt = lexi(nogoods)
+            if nxt is None:
+                break
+            p, prev_lits, st, gp, la, kb, _ = nxt
+            r = make_result(cands, p, objective, st, gp, t0, la, kb, "cp-sat", stats)
+            if r.plan_key() in seen:
+                continue
+            seen.add(r.plan_key())
+            alts.append(r)
+        result = replace(result, alternatives=alts)
+    return replace(result, wall_s=time.perf_counter() - t0)

@@ -1,0 +1,71 @@
+"""Timing with CUDA events: warm-up, then >= 30 runs, median and p10/p90, with the L2 flushed
+before each run (a 256 MiB memset) or left warm."""
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+import numpy as np
+
+FLUSH_BYTES = 256 * 2**20
+
+
+def _cp():
+    import cupy
+    return cupy
+
+
+class L2Flusher:
+    def __init__(self, nbytes: int = FLUSH_BYTES):
+        cp = _cp()
+        self.buf = cp.empty((nbytes,), dtype=cp.uint8)
+        self.n = 0
+
+    def __call__(self, stream):
+        cp = _cp()
+        self.n += 1
+        cp.cuda.runtime.memsetAsync(self.buf.data.ptr, self.n & 0xFF, self.buf.nbytes, stream.ptr)
+
+
+@dataclass
+class Timing:
+    median_s: float
+    p10_s: float
+    p90_s: float
+    min_s: float
+    runs: int
+
+    @staticmethod
+    def of(samples: list[float]) -> "Timing":
+        a = np.asarray(samples)
+        return Timing(float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90)),
+                      float(a.min()), len(samples))
+
+
+def time_runs(run, pre, after, stream, runs: int = 30, warmup: int = 3, flush: L2Flusher | None = None,
+              poison_every: bool = True) -> Timing:
+    """`pre()` (poison, reset) and the flush happen before the start event; `after()` checks
+    each run (raising on a pipeline error) after the end event."""
+    cp = _cp()
+    start, end = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(warmup):
+        pre(poison_every)
+        run(stream)
+        stream.synchronize()
+        after()
+    samples = []
+    for _ in range(runs):
+        pre(poison_every)
+        if flush is not None:
+            flush(stream)
+        start.record(stream)
+        run(stream)
+        end.record(stream)
+        end.synchronize()
+        after()
+        samples.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+    return Timing.of(samples)
+
+
+def median(xs):
+    return statistics.median(xs)

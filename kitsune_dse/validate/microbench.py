@@ -1,0 +1,127 @@
+"""Microbenchmarks of the tile kernels on their own: GEMM TFLOP/s (against cuBLAS through CuPy)
+and the bandwidth of the elementwise and row kernels. Each case is a one-op synthetic model run
+through the same code path as the harness (codegen -> standalone kernel), checked for
+correctness on fresh inputs, and timed cold (L2 flushed) with CUDA events."""
+from __future__ import annotations
+
+from kitsune_dse.graph.yaml_model import model_from_dict
+from kitsune_dse.validate.lower import Region
+
+# (name, dtype, op kind, sizes) -- GEMM sizes are M, N, K; others rows, cols
+CASES = [
+    ("gemm", "fp16", "matmul", (4096, 4096, 4096)),
+    ("gemm", "fp16", "matmul", (8192, 8192, 8192)),
+    ("gemm 128x128x32/4", "fp16", "matmul", (8192, 8192, 8192), {"bn": 128, "bk": 32, "stages": 4}),
+    ("gemm 128x256x64/3", "fp16", "matmul", (8192, 8192, 8192), {"bn": 256, "bk": 64, "stages": 3}),
+    ("gemm", "bf16", "matmul", (8192, 8192, 8192)),
+    ("gemm", "fp16", "matmul", (2048, 6144, 12288)),
+    ("gemm-skinny", "fp16", "matmul", (64, 12288, 12288)),
+    ("add", "fp16", "add", (8192, 8192)),
+    ("gelu", "fp16", "gelu", (8192, 8192)),
+    ("softmax", "fp16", "softmax", (32768, 2048)),
+    ("softmax", "fp16", "softmax", (8192, 8192)),
+    ("layernorm", "fp16", "layernorm", (16384, 4096)),
+    ("rmsnorm", "fp16", "rmsnorm", (16384, 4096)),
+    ("layernorm", "fp16", "layernorm", (4096, 12288)),
+    ("rmsnorm", "fp16", "rmsnorm", (4096, 8192)),
+]
+
+
+def case_model(kind: str, dtype: str, dims):
+    if kind == "matmul":
+        m, n, k = dims
+        d = {"name": f"mm{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
+             "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"]}]}
+    else:
+        r, c = dims
+        ins = {"x": [r, c]}
+        w = {}
+        args = ["x"]
+        if kind == "add":
+            ins["y"] = [r, c]
+            args = ["x", "y"]
+        elif kind == "layernorm":
+            w = {"g": [c], "b": [c]}
+            args = ["x", "g", "b"]
+        elif kind == "rmsnorm":
+            w = {"g": [c]}
+            args = ["x", "g"]
+        d = {"name": f"{kind}{r}x{c}", "dtype": dtype, "inputs": ins, "weights": w,
+             "ops": [{"name": "op", "kind": kind, "inputs": args, "outputs": ["out"]}]}
+    g = model_from_dict(d, "<microbench>")
+    region = {"id": 0, "strategy": "bsp", "ops": [o.name for o in g.ops]}
+    return g, region
+
+
+def case_variants(info, tensors_cls=None, cases=CASES):
+    """(case, region, Region, [variants]) for every case (build only; used by precompile too)."""
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, cublas_plan
+    out = []
+    for case in cases:
+        name, dtype, kind, dims = case[:4]
+        g, region = case_model(kind, dtype, dims)
+        reg = Region(g, region)
+        tensors = (tensors_cls or Tensors)(reg)
+        from kitsune_dse.validate.lower import bsp_groups
+        groups = bsp_groups(reg)
+        if len(case) > 4:
+            for grp in groups:
+                grp.tile = case[4]
+        vs = [StandaloneVariant("tile", reg, tensors, info, groups, prefix="mb")]
+        if kind == "matmul" and dtype == "fp16" and len(case) == 4:
+            vs.append(StandaloneVariant("cublas", reg, tensors, info, [], prefix="mbc", cublas_steps=cublas_plan(reg)))
+        out.append(((name, dtype, kind, dims), region, reg, vs))
+    return out
+
+
+def run_microbench(runs: int = 30, console=None) -> list[dict]:
+    import cupy as cp
+
+    from kitsune_dse.validate.measure import L2Flusher
+    from kitsune_dse.validate.runtime import gpu_info
+
+    info, extra = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = L2Flusher()
+    rows = []
+    with stream:
+        for case in case_variants(info):
+            rows += _run_case(case, stream, flush, runs, console)
+    return rows
+
+
+def _run_case(case, stream, flush, runs, console):
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import check_variant
+    from kitsune_dse.validate.measure import time_runs
+    from kitsune_dse.validate.reference import input_roles
+    rows = []
+    (name, dtype, kind, dims), region, reg, vs = case
+    g = reg.graph
+    flops = g.total_flops
+    nbytes = sum(g.tensors[t].nbytes for t in g.inputs) + sum(g.tensors[t].nbytes for t in g.weights) \
+        + sum(g.tensors[t].nbytes for t in g.outputs)
+    roles = input_roles(reg)
+    for v in vs:
+        row = {"kernel": name, "impl": v.name, "dtype": dtype, "shape": "x".join(map(str, dims)),
+               "flops": flops, "bytes": nbytes}
+        try:
+            v.prepare()
+            chk = check_variant(v, reg, v.tensors, roles, stream, 1)
+            t = time_runs(v.run, v.pre, v.after, stream, runs, 3, flush, poison_every=False)
+            row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"],
+                       rel_err=chk["rel_err"], tflops=flops / t.median_s / 1e12 if flops else 0.0,
+                       gbps=nbytes / t.median_s / 1e9, launches=v.launches_per_run,
+                       resources=";".join(f"{k}:{r['num_regs']}regs/{r['local_bytes']}B-local"
+                                          for k, r in v.resources.items()))
+        except Exception as e:  # noqa: BLE001 - report and go on
+            row.update(correct=False, error=f"{type(e).__name__}: {e}")
+        rows.append(row)
+        if console is not None:
+            console.print(f"  {name} {dtype} {row['shape']} {v.name}: "
+                          + (f"{row['time_s'] * 1e6:.1f} us {row['tflops']:.0f} TFLOP/s {row['gbps']:.0f} GB/s ok={row['correct']} err={row['rel_err']:.1e}"
+                             if "time_s" in row else row.get("error", "")))
+    vs[0].tensors.arrays.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+    return rows

@@ -1,0 +1,408 @@
+"""Running generated kernels with CuPy: device facts, compilation, buffers and the variants.
+
+Variants of one region (each `prepare()`d once, then `pre()` + `run(stream)` per measurement):
+  plan         the plan's own strategy: the persistent pipeline kernel for a pipeline region,
+               else its kernel groups launched eagerly
+  bsp-eager    one kernel per op (the same tile functions), eager launches
+  bsp-graph    the same kernels captured once in a CUDA graph and replayed
+  fusion       one kernel per plan "kernels" group (epilogue fusion), eager
+  fusion-graph the same, as a CUDA graph
+  cublas       cuBLAS (CuPy `@`) for each matmul, this harness's kernels for the rest, eager
+"""
+from __future__ import annotations
+
+import re
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from kitsune_dse.errors import KitsuneError
+from kitsune_dse.validate import codegen
+from kitsune_dse.validate.lower import (Group, PipelineLayout, Region, bsp_groups, cublas_plan,
+                                        fusion_groups, layout_pipeline)
+from kitsune_dse.validate.plan import DeviceInfo
+from kitsune_dse.validate.reference import storage_dtype
+
+KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
+POISON = 0xFFFF      # a NaN in fp16 and in bf16
+
+
+class PipelineError(KitsuneError):
+    """The persistent kernel reported a timeout (deadlock) or a placement problem."""
+
+
+def _cp():
+    try:
+        import cupy
+    except ImportError as e:  # pragma: no cover - depends on the machine
+        raise KitsuneError("the validation harness needs CuPy and an NVIDIA GPU "
+                           "(pip install cupy-cuda12x or cupy-cuda13x)") from e
+    return cupy
+
+
+# -- device -------------------------------------------------------------------------------------------
+def gpu_info() -> tuple[DeviceInfo, dict]:
+    cp = _cp()
+    try:
+        dev = cp.cuda.Device()
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+    except Exception as e:  # noqa: BLE001 - CUDARuntimeError and friends
+        raise KitsuneError(f"no usable NVIDIA GPU for validation ({type(e).__name__}: {e})") from None
+    name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    cc = dev.compute_capability
+    attrs = dev.attributes
+    info = DeviceInfo(name=name, arch=f"sm_{cc}", sm_count=int(props["multiProcessorCount"]),
+                      smem_per_sm=int(attrs.get("MaxSharedMemoryPerMultiprocessor", 233472)),
+                      smem_per_block_optin=int(attrs.get("MaxSharedMemoryPerBlockOptin", 232448)),
+                      l2_bytes=int(props.get("l2CacheSize", 50 * 2**20)))
+    extra = {"gpu": name, "arch": info.arch, "sm_count": info.sm_count,
+             "driver": cp.cuda.runtime.driverGetVersion(), "cuda_runtime": cp.cuda.runtime.runtimeGetVersion(),
+             "cupy": cp.__version__, "l2_bytes": info.l2_bytes}
+    extra.update(smi_clocks())
+    return info, extra
+
+
+def smi_clocks() -> dict:
+    """Clocks and driver as nvidia-smi reads them (read only; settings are never changed)."""
+    import subprocess
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=clocks.sm,clocks.max.sm,clocks.mem,driver_version,"
+                              "power.draw,temperature.gpu", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout.strip().splitlines()[0]
+        sm, smax, mem, drv, pw, temp = [x.strip() for x in out.split(",")]
+        return {"sm_clock_mhz": sm, "max_sm_clock_mhz": smax, "mem_clock_mhz": mem, "driver_version": drv,
+                "power_w": pw, "temp_c": temp}
+    except Exception:  # noqa: BLE001 - informational only
+        return {}
+
+
+# -- compilation ------------------------------------------------------------------------------------------
+def expand_includes(src: str, seen: set | None = None) -> str:
+    """Inline `#include "x.cuh"` from the kernels folder (once each), so NVRTC needs no -I and
+    CuPy's cache key covers the headers."""
+    seen = set() if seen is None else seen
+
+    def sub(m):
+        name = m.group(1)
+        if name in seen:
+            return ""
+        seen.add(name)
+        text = (KERNEL_DIR / name).read_text().replace("#pragma once", "")
+        return f"// ---- {name}\n" + expand_includes(text, seen)
+    return re.sub(r'^#include "([^"]+\.cuh)"\s*$', sub, src, flags=re.M)
+
+
+def source_key(src: str, arch: str) -> str:
+    import hashlib
+    return hashlib.sha256((arch + "\n" + expand_includes(src)).encode()).hexdigest()[:24]
+
+
+def cache_dirs() -> list[Path]:
+    import os
+    return [Path(p) for p in os.environ.get("KDSE_CUBIN_CACHE", "").split(os.pathsep) if p]
+
+
+def compile_module(src: str, arch: str):
+    """A CuPy RawModule of the source: a cubin precompiled by nvcc (bench/precompile.py) when one
+    with the same source and arch is in $KDSE_CUBIN_CACHE, else compiled by NVRTC."""
+    cp = _cp()
+    key = source_key(src, arch)
+    for d in cache_dirs():
+        p = d / f"{key}.cubin"
+        if p.exists():
+            return cp.RawModule(path=str(p))
+    opts = ["-std=c++17", f"-arch={arch}"]
+    try:
+        path = cp.cuda.get_cuda_path()
+        if path:
+            opts.append(f"-I{path}/include")
+    except Exception:  # noqa: BLE001
+        pass
+    mod = cp.RawModule(code=expand_includes(src), options=tuple(opts))
+    try:
+        mod.compile()
+    except Exception as e:
+        raise KitsuneError(f"kernel compilation failed: {e}") from e
+    return mod
+
+
+def kernel_resources(fn) -> dict:
+    return {"num_regs": int(fn.num_regs), "local_bytes": int(fn.local_size_bytes),
+            "static_smem": int(fn.shared_size_bytes)}
+
+
+# -- buffers --------------------------------------------------------------------------------------------
+class Tensors:
+    """Device arrays of a region by root tensor name (2-D [rows, cols], or 1-D for vectors)."""
+
+    def __init__(self, reg: Region):
+        self.reg = reg
+        self.arrays: dict[str, object] = {}
+
+    def shape_of(self, t: str):
+        if t in self.reg.extra_shapes:
+            return self.reg.extra_shapes[t]
+        shape = self.reg.graph.tensors[t].shape
+        return (shape[0],) if len(shape) == 1 else self.reg.shape2(t)
+
+    def get(self, t: str):
+        if t not in self.arrays:
+            cp = _cp()
+            self.arrays[t] = cp.empty(self.shape_of(t), dtype=storage_dtype(self.reg.dtype))
+        return self.arrays[t]
+
+
+def pointer_table(names: list[str], resolve) -> object:
+    cp = _cp()
+    ptrs = np.array([int(resolve(n).data.ptr) for n in names], dtype=np.uint64)
+    return cp.asarray(ptrs)
+
+
+# -- variants ---------------------------------------------------------------------------------------------
+@dataclass
+class Variant:
+    name: str
+    reg: Region
+    tensors: Tensors
+    info: DeviceInfo
+    notes: list[str] = field(default_factory=list)
+    launches_per_run: int = 0
+    resources: dict = field(default_factory=dict)
+
+    def prepare(self):
+        raise NotImplementedError
+
+    def outputs(self) -> dict:
+        return {t: self.tensors.get(t) for t in self.reg.outputs}
+
+    def pre(self, poison: bool = True):
+        if poison:
+            for a in self.outputs().values():
+                a.view(_cp().uint16).fill(POISON)
+
+    def run(self, stream):
+        raise NotImplementedError
+
+    def after(self):
+        """Checks after a run (the pipeline's error word)."""
+
+
+class StandaloneVariant(Variant):
+    """One kernel per group, eager or as a CUDA graph."""
+
+    def __init__(self, name, reg, tensors, info, groups: list[Group], graph: bool = False,
+                 prefix: str | None = None, cublas_steps=None):
+        super().__init__(name, reg, tensors, info)
+        self.groups = groups
+        self.graph_mode = graph
+        self.prefix = prefix or name.replace("-", "_")
+        self.cublas_steps = cublas_steps
+        self.graph = None
+        self.private: dict[str, object] = {}
+
+    def build(self):
+        """Pure Python: the module source, its launches and pointer-table names (no CuPy)."""
+        bt = codegen.BufTable()
+        groups = self.groups if self.cublas_steps is None else [g for k, g in self.cublas_steps if k == "group"]
+        self._groups = groups
+        self.source, self._launches, self._ws = codegen.standalone_source(
+            self.reg, groups, bt, self.info.sm_count, self.prefix)
+        self._names = bt.names
+        return self.source
+
+    def prepare(self):
+        cp = _cp()
+        self.build()
+        src, launches, ws, groups = self.source, self._launches, self._ws, self._groups
+        for w, nbytes in ws.items():
+            self.private[w] = cp.empty((nbytes // 4,), dtype=cp.float32)
+        self.table = pointer_table(self._names, lambda n: self.private[n] if n in self.private else self.tensors.get(n))
+        mod = compile_module(src, self.info.arch) if launches else None
+        self.calls = []
+        by_group: dict[str, list] = {}
+        for ln in launches:
+            fn = mod.get_function(ln.kernel)
+            if ln.smem > 48 * 1024:
+                fn.max_dynamic_shared_size_bytes = ln.smem
+            self.resources[ln.kernel] = kernel_resources(fn)
+            by_group.setdefault(ln.group, []).append((fn, ln))
+        if self.cublas_steps is None:
+            for g in groups:
+                self.calls += [("k", x) for x in by_group.get(g.name, [])]
+        else:
+            for kind, obj in self.cublas_steps:
+                if kind == "cublas":
+                    a, b, out = obj
+                    A = self.tensors.get(a)
+                    self.calls.append(("mm", (A.reshape(-1, A.shape[-1]), self.tensors.get(b), self.tensors.get(out))))
+                else:
+                    self.calls += [("k", x) for x in by_group.get(obj.name, [])]
+        self.launches_per_run = len(self.calls)
+
+    def _launch_all(self):
+        cp = _cp()
+        for kind, obj in self.calls:
+            if kind == "k":
+                fn, ln = obj
+                fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
+            else:
+                a, b, out = obj
+                cp.matmul(a, b, out=out)
+
+    def run(self, stream):
+        if not self.graph_mode:
+            with stream:
+                self._launch_all()
+            return
+        if self.graph is None:
+            with stream:
+                stream.begin_capture()
+                try:
+                    self._launch_all()
+                finally:
+                    self.graph = stream.end_capture()
+        self.graph.launch(stream)
+
+
+class PipelineVariant(Variant):
+    """The plan's persistent kernel: one CTA per SM, stages on contiguous blockIdx ranges."""
+
+    def __init__(self, name, reg, tensors, info, plan_region: dict, timeout_s: float = 1.0,
+                 plant_deadlock: bool = False, teams: int = codegen.TEAMS):
+        super().__init__(name, reg, tensors, info)
+        self.teams = teams
+        self.plan_region = plan_region
+        self.timeout_ns = int(timeout_s * 1e9)
+        self.plant_deadlock = plant_deadlock
+        self.placement: dict = {}
+
+    def build(self):
+        """Pure Python: layout and source of the persistent kernel (no CuPy)."""
+        lay: PipelineLayout = layout_pipeline(self.reg, self.plan_region, self.plant_deadlock, self.teams)
+        self.layout = lay
+        self.notes = list(dict.fromkeys(self.notes + lay.notes))
+        if lay.grid > self.info.sm_count:
+            raise PipelineError(f"the pipeline needs {lay.grid} CTAs, one per SM; the device has "
+                                f"{self.info.sm_count} SMs")
+        bt = codegen.BufTable()
+        self.source = codegen.pipeline_source(lay, bt)
+        self._names = bt.names
+        return self.source
+
+    def prepare(self):
+        cp = _cp()
+        self.build()
+        lay = self.layout
+        self.rings = {}
+        for r in lay.rings:
+            if not r.direct:
+                self.rings["ring:" + r.tensor] = cp.empty((r.nslots * lay.bm, r.cols),
+                                                          dtype=storage_dtype(self.reg.dtype))
+        for st in lay.steps:
+            if st.ksplit > 1:   # fp32 partials of the K ranges (L2-resident scratch)
+                n = st.ws_slots * st.ksplit * st.group.nb * lay.bm * st.group.cols
+                self.rings[f"ws:{st.sid}"] = cp.empty((n,), dtype=cp.float32)
+        self.table = pointer_table(self._names, lambda n: self.rings[n] if n in self.rings else self.tensors.get(n))
+        self.ctrl = cp.zeros((lay.ctrl_words,), dtype=cp.uint32)
+        mod = compile_module(self.source, self.info.arch)
+        fn = mod.get_function(codegen.PIPELINE_KERNEL)
+        need = codegen.pipeline_smem(lay) * lay.teams
+        # force one CTA per SM: more than half of the SM's shared memory per CTA
+        dyn = max(need, self.info.smem_per_sm // 2 + 16)
+        dyn = (dyn + 15) // 16 * 16
+        if dyn > self.info.smem_per_block_optin:
+            raise PipelineError(f"the pipeline kernel needs {dyn} B of shared memory per CTA; the "
+                                f"device allows {self.info.smem_per_block_optin}")
+        fn.max_dynamic_shared_size_bytes = dyn
+        self.threads = 256 * lay.teams
+        occ = cp.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn.kernel.ptr, self.threads, dyn)
+        self.resources[codegen.PIPELINE_KERNEL] = {**kernel_resources(fn), "dyn_smem": dyn, "occupancy": occ}
+        if occ < 1:
+            raise PipelineError(f"the pipeline kernel cannot run at all ({fn.num_regs} registers x "
+                                f"{self.threads} threads, {dyn} B shared memory)")
+        if lay.grid > occ * self.info.sm_count:
+            raise PipelineError(f"grid of {lay.grid} CTAs cannot be co-resident ({occ} per SM x "
+                                f"{self.info.sm_count} SMs); refusing to run (never shrunk)")
+        if occ != 1:
+            self.notes.append(f"occupancy {occ} CTAs/SM despite the shared-memory forcing: "
+                              f"placement on distinct SMs not guaranteed")
+        self.fn, self.dyn = fn, dyn
+        self.launches_per_run = 1
+
+    def pre(self, poison: bool = True):
+        super().pre(poison)
+        if poison:
+            for a in self.rings.values():
+                a.view(_cp().uint16).fill(POISON)
+        self.ctrl.fill(0)
+
+    def run(self, stream):
+        with stream:
+            self.fn((self.layout.grid,), (self.threads,), (self.table, self.ctrl, np.uint64(self.timeout_ns)),
+                    shared_mem=self.dyn)
+
+    def after(self):
+        lay = self.layout
+        c = self.ctrl.get()
+        if c[0]:
+            what = {1: "a row-block to be complete (full)", 2: "a free ring slot (empty)",
+                    3: "a column slab (split-K)"}.get(int(c[0]), f"code {c[0]}")
+            cta, team = divmod(int(c[1]), lay.teams)
+            stage = next((s.sid for s in lay.stages if s.first_cta <= cta < s.first_cta + s.ctas), -1)
+            ring = lay.rings[int(c[2])].tensor if int(c[2]) < len(lay.rings) else "?"
+            raise PipelineError(f"pipeline deadlock: CTA {cta} team {team} (stage {stage}) waited more than "
+                                f"{self.timeout_ns / 1e6:.0f} ms for {what} of ring {ring!r} at row-block "
+                                f"{int(c[3])} (counter {int(c[5])}, needed {int(c[4])})")
+        sm = c[lay.smid_off: lay.smid_off + lay.grid]
+        distinct = len(set(int(x) for x in sm))
+        per_stage = []
+        for s in lay.stages:
+            per_stage.append(sorted(set(int(x) for x in sm[s.first_cta: s.first_cta + s.ctas])))
+        disjoint = all(not (set(a) & set(b)) for i, a in enumerate(per_stage) for b in per_stage[i + 1:])
+        self.placement = {"ctas": lay.grid, "distinct_sms": distinct, "stages_disjoint": disjoint,
+                          "sms_per_stage": [len(x) for x in per_stage]}
+        if distinct != lay.grid:
+            raise PipelineError(f"placement: {lay.grid} CTAs ran on only {distinct} distinct SMs")
+
+
+def make_variants(reg: Region, plan_region: dict, tensors: Tensors, info: DeviceInfo,
+                  timeout_s: float = 1.0, which: list[str] | None = None) -> list[Variant]:
+    out: list[Variant] = []
+    want = set(which) if which else None
+
+    def ok(n):
+        return want is None or n in want
+    strategy = plan_region["strategy"]
+    if ok("plan"):
+        if strategy == "pipeline":
+            out.append(PipelineVariant("plan", reg, tensors, info, plan_region, timeout_s))
+            if want is not None and "plan-1team" in want:
+                out.append(PipelineVariant("plan-1team", reg, tensors, info, plan_region, timeout_s, teams=1))
+        elif strategy in ("bsp", "fusion"):
+            groups = bsp_groups(reg) if strategy == "bsp" else fusion_groups(reg)
+            out.append(StandaloneVariant("plan", reg, tensors, info, groups, prefix="plan"))
+        else:
+            v = StandaloneVariant("plan", reg, tensors, info, fusion_groups(reg), prefix="plan")
+            v.notes.append(f"strategy {strategy!r} is not implemented by the harness: ran its kernel groups eagerly")
+            out.append(v)
+    if ok("bsp-eager"):
+        out.append(StandaloneVariant("bsp-eager", reg, tensors, info, bsp_groups(reg), prefix="bsp"))
+    if ok("bsp-graph"):
+        out.append(StandaloneVariant("bsp-graph", reg, tensors, info, bsp_groups(reg), graph=True, prefix="bsp"))
+    if ok("fusion"):
+        out.append(StandaloneVariant("fusion", reg, tensors, info, fusion_groups(reg), prefix="fus"))
+    if ok("fusion-graph"):
+        out.append(StandaloneVariant("fusion-graph", reg, tensors, info, fusion_groups(reg), graph=True, prefix="fus"))
+    if ok("cublas") and any(reg.graph.op(o).kind in ("matmul", "gemm") for o in reg.ops):
+        if reg.dtype == "fp16":
+            out.append(StandaloneVariant("cublas", reg, tensors, info, [], prefix="cub",
+                                         cublas_steps=cublas_plan(reg)))
+    return out
+
+
+def wall(fn):
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t

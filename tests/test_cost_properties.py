@@ -1,0 +1,257 @@
+"""Properties of every cost model over random small graphs and random GPU specs (hypothesis),
+and compare() over the whole zoo and every shipped spec.
+
+"More SMs" means more SMs of the same kind: the whole-GPU FLOP peaks grow with the SM count so
+the per-SM rate stays (helpers_graphs.scale_sms); memory bandwidths stay.
+"""
+from __future__ import annotations
+
+import math
+
+import pytest
+from hypothesis import HealthCheck, example, given, note, settings
+from hypothesis import strategies as st
+
+from helpers_graphs import (H100, MiB, build, describe, examples, spec, scale_bandwidth, scale_flops, scale_sms, small_graphs,
+                            spec_variants)
+from kitsune_dse.cost.compare import best_pipeline, compare, compare_rows, whole_model_pipeline
+from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages
+from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
+                                         tilesync)
+from kitsune_dse.errors import InfeasibleError
+from kitsune_dse.graph import list_models, load_model
+from kitsune_dse.graph.ir import Tensor
+from kitsune_dse.hw import list_specs, load_spec
+
+REL = 1e-9
+SETTINGS = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow,
+                                                     HealthCheck.data_too_large])
+
+STRATEGIES = {
+    "bsp": bsp,
+    "bsp-eager": lambda r, s: bsp(r, s, LaunchChoice("eager")),
+    "fusion": fusion,
+    "tilesync": tilesync,
+    "concurrent": concurrent,
+}
+
+
+# known bugs, each pinned by a strict xfail test in test_strategies.py:
+#   tilesync/sms:  test_tilesync_never_slows_down_with_one_more_sm
+KNOWN_NON_MONOTONE = {("tilesync", "sms")}
+KINDS = ("bandwidth", "sms", "flops")
+
+
+def improve(base, kind: str, factor: float, extra_sms: int):
+    """A spec at least as fast as `base` in one respect: HBM bandwidth x factor, extra_sms more
+    SMs of the same kind, or FLOP rates x factor."""
+    if kind == "bandwidth":
+        return scale_bandwidth(base, factor)
+    if kind == "sms":
+        return scale_sms(base, base.sm_count + extra_sms)
+    return scale_flops(base, factor)
+
+
+@st.composite
+def better_spec(draw, base):
+    """(kind, a spec at least as fast as `base` in one respect)."""
+    kind = draw(st.sampled_from(KINDS))
+    return kind, improve(base, kind, draw(st.floats(1.0, 4.0)), draw(st.integers(1, 64)))
+
+
+@st.composite
+def pipeline_choice(draw, region, max_sms):
+    """A pipeline choice for the region: consecutive fused groups as stages, SMs summing to at
+    most max_sms; falls back to one stage when the cut is infeasible."""
+    g = region.graph
+    atoms = fusion_groups(region)
+    k = draw(st.integers(1, min(3, len(atoms), max_sms)))
+    cuts = sorted(draw(st.lists(st.integers(1, len(atoms) - 1), min_size=k - 1, max_size=k - 1,
+                                unique=True))) if k > 1 else []
+    bounds = [0] + cuts + [len(atoms)]
+    stages = tuple(tuple(sorted((o for a in atoms[lo:hi] for o in a), key=g.index))
+                   for lo, hi in zip(bounds, bounds[1:]))
+    total = draw(st.integers(k, max_sms))
+    shares = [1] * k
+    for _ in range(total - k):
+        shares[draw(st.integers(0, k - 1))] += 1 if draw(st.booleans()) else 0
+    tile_rows = draw(st.sampled_from((64, 128, 256, 1024, 8192)))
+    depths = tuple(draw(st.integers(1, 4)) for _ in range(k - 1))
+    modes = tuple(draw(st.sampled_from(("row", "row", "split_k"))) for _ in range(k - 1))
+    for ch in (PipelineChoice(stages, tuple(shares), tile_rows, depths, modes),
+               PipelineChoice(stages, tuple(shares), tile_rows, depths, ("row",) * (k - 1)),
+               PipelineChoice((tuple(region.ops),), (total,), tile_rows)):
+        try:
+            plan_stages(region, _ANY_BIG_SPEC, ch)
+            return ch
+        except InfeasibleError:
+            continue
+    raise AssertionError("a one-stage pipeline must always be feasible")
+
+
+_ANY_BIG_SPEC = scale_sms(H100, 4096)
+
+
+def _lat(est: Estimate) -> float:
+    return est.latency_s
+
+
+# -- every estimate is well formed ---------------------------------------------------------------
+@settings(max_examples=examples(40), **SETTINGS)
+@given(g=small_graphs(), hw=spec_variants(), data=st.data())
+def test_no_estimate_field_is_negative_or_nan(g, hw, data):
+    note(describe(g))
+    r = Region.of(g)
+    for name, f in STRATEGIES.items():
+        e = f(r, hw)
+        e.check()
+        assert e.latency_s > 0 and 0 <= e.sm_busy_fraction <= 1, name
+        assert e.kernel_launches >= 1
+        assert e.flops == pytest.approx(g.total_flops)
+    ch = data.draw(pipeline_choice(r, hw.sm_count))
+    e = pipeline(r, hw, ch).check()
+    assert e.latency_s > 0 and 0 <= e.sm_busy_fraction <= 1
+    assert all(s >= 0 for s in e.breakdown["stall_s"])
+    for occ, d in zip(e.breakdown["queue_max_occupancy"], e.breakdown["depths"]):
+        assert occ <= d * e.breakdown["slabs"] + 1e-9
+
+
+# -- monotonicity: faster hardware never makes a plan slower --------------------------------------
+@settings(max_examples=examples(60), **SETTINGS)
+@given(g=small_graphs(), hw=spec_variants(), data=st.data())
+def test_faster_hardware_never_increases_strategy_latency(g, hw, data):
+    note(describe(g))
+    kind, better = data.draw(better_spec(hw))
+    r = Region.of(g)
+    for name, f in STRATEGIES.items():
+        if (name, kind) in KNOWN_NON_MONOTONE:
+            continue
+        slow, fast = f(r, hw).latency_s, f(r, better).latency_s
+        assert fast <= slow * (1 + REL), f"{name}: {kind} up, latency {slow} -> {fast}"
+
+
+@settings(max_examples=examples(60), **SETTINGS)
+@given(g=small_graphs(), hw=spec_variants(), data=st.data())
+def test_faster_hardware_never_increases_a_fixed_pipeline_latency(g, hw, data):
+    note(describe(g))
+    kind, better = data.draw(better_spec(hw))
+    r = Region.of(g)
+    ch = data.draw(pipeline_choice(r, hw.sm_count))
+    slow, fast = pipeline(r, hw, ch).latency_s, pipeline(r, better, ch).latency_s
+    assert fast <= slow * (1 + REL), f"{kind} up: {ch} latency {slow} -> {fast}"
+
+
+def _three_gemms_on_x():
+    t = [Tensor("x", (256, 4096), "fp32")] + [Tensor(f"w{i}", (4096, 64), "fp32") for i in range(3)]
+    return build("three", t, [(f"mm{i}", "matmul", ("x", f"w{i}"), (f"t{i}",)) for i in range(3)],
+                 ["x"], ["w0", "w1", "w2"])
+
+
+SEARCH_REL = 1e-3
+
+
+@pytest.mark.xfail(strict=True, reason="bug: compare.balance_sms leaves SMs idle (see test_pipeline"
+                   ".py::test_balanced_sms_are_no_worse_than_an_even_split); the explicit example "
+                   "below fails until it is fixed")
+@settings(max_examples=examples(12), **SETTINGS)
+@given(g=small_graphs(max_ops=3), hw=spec_variants(), kind=st.sampled_from(KINDS),
+       factor=st.floats(1.0, 4.0), extra=st.integers(1, 64))
+@example(g=_three_gemms_on_x(),
+         hw=spec(sm_count=64, tensor_peak_flop_per_s={"fp16": 479.7e12},
+                 simt_peak_flop_per_s={"fp32": 97.31e12, "fp16": 194.6e12},
+                 hbm_bandwidth_Bps=0.5e12, hbm_per_sm_bandwidth_Bps=15.03e9, l2_bytes=4 * MiB,
+                 graph_launch_overhead_s=2.8e-6, sync_latency_s=0.1e-6,
+                 efficiency={"hbm_saturation_exponent": 4.0}),
+         kind="flops", factor=2.0, extra=1)
+def test_faster_hardware_never_increases_the_best_pipeline_latency(g, hw, kind, factor, extra):
+    note(describe(g))
+    better = improve(hw, kind, factor, extra)
+    r = Region.of(g)
+    a, b = best_pipeline(r, hw), best_pipeline(r, better)
+    assert (a is None) == (b is None)
+    if a is not None:
+        # compare()'s pipeline search balances SMs per stage cut heuristically (the exact SM
+        # search is the solver's job), so its best may miss the old optimum by a hair; the
+        # estimate of any fixed choice is exactly monotone (test above)
+        assert b.estimate.latency_s <= a.estimate.latency_s * (1 + SEARCH_REL), \
+            f"{kind} up: {a.choice} {a.estimate.latency_s} -> {b.choice} {b.estimate.latency_s}"
+        same = pipeline(r, better, a.choice)
+        assert same.latency_s <= a.estimate.latency_s * (1 + REL)
+
+
+# -- orderings between strategies -----------------------------------------------------------------
+@settings(max_examples=examples(40), **SETTINGS)
+@given(g=small_graphs(), hw=spec_variants())
+def test_tilesync_lies_between_the_dram_floor_and_fusion(g, hw):
+    note(describe(g))
+    r = Region.of(g)
+    t, f = tilesync(r, hw), fusion(r, hw)
+    floor = t.dram_bytes / hw.hbm_bandwidth_from(hw.sm_count) + hw.graph_launch_overhead_s
+    assert t.latency_s >= floor * (1 - REL)
+    assert t.latency_s <= f.latency_s * (1 + REL)
+    assert t.dram_bytes == f.dram_bytes
+
+
+def _input_reads_slack(region: Region) -> float:
+    """Bytes of region inputs and weights read by more than one op (each extra read): the
+    pipeline model currently charges such a tensor once per stage group that reads it (see
+    test_pipeline.py::test_a_region_input_read_by_two_stages_is_read_from_dram_once, xfail)."""
+    g = region.graph
+    slack = 0.0
+    for t in region.inputs:
+        readers = [o for o in region.ops if t in g.op(o).info.read_bytes]
+        slack += (len(readers) - 1) * g.tensors[t].nbytes
+    return slack
+
+
+@settings(max_examples=examples(60), **SETTINGS)
+@given(g=small_graphs(), hw=spec_variants(), data=st.data())
+def test_pipeline_dram_vs_bsp_dram(g, hw, data):
+    note(describe(g))
+    r = Region.of(g)
+    ch = data.draw(pipeline_choice(r, hw.sm_count))
+    p, b = pipeline(r, hw, ch), bsp(r, hw)
+    bd = p.breakdown
+    slack = _input_reads_slack(r)
+    cr, cw = r.compulsory_bytes()
+    reread = bd["weight_reread_bytes"]
+    assert p.dram_read_bytes >= cr * (1 - 1e-9) and p.dram_write_bytes >= cw * (1 - 1e-9)
+    if all(bd["weights_resident"]) or bd["row_blocks"] == 1:
+        assert reread == 0
+    else:
+        assert reread > 0
+    if bd["queue_spill_bytes"] == 0:
+        # no queue spill: the pipeline moves no more than BSP on the same ops once the weight
+        # re-reads are set aside (slack: the known double-charged inputs)
+        assert p.dram_bytes - reread <= b.dram_bytes * (1 + 1e-9) + slack
+
+
+# -- compare() over the zoo and the shipped specs ------------------------------------------------
+MODELS = sorted(list_models())
+SPECS = sorted(list_specs())
+
+
+def test_the_zoo_and_the_specs_are_there():
+    assert "gpt3-mlp" in MODELS and len(MODELS) >= 1
+    assert "h100-sxm" in SPECS and len(SPECS) >= 1
+
+
+@pytest.mark.parametrize("spec_name", SPECS)
+@pytest.mark.parametrize("model", MODELS)
+def test_compare_runs_on_every_model_and_spec(model, spec_name):
+    try:
+        g, hw = load_model(model), load_spec(spec_name)
+    except FileNotFoundError:                      # removed while others edit the folders
+        pytest.skip(f"{model} or {spec_name} disappeared")
+    res = compare(g, hw)
+    assert set(res) == {"bsp", "bsp-eager", "fusion", "tilesync", "concurrent", "pipeline"}
+    for name, e in res.items():
+        e.check()
+        assert e.latency_s > 0 and math.isfinite(e.latency_s), name
+        assert e.flops == pytest.approx(g.total_flops, rel=1e-9), name
+        assert e.dram_bytes >= sum(Region.of(g).compulsory_bytes()) * (1 - 1e-9) - 1, name
+    rows = compare_rows(res)
+    assert [r["strategy"] for r in rows] == list(res)
+    assert res["tilesync"].latency_s <= res["fusion"].latency_s * (1 + REL)

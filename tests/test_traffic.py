@@ -1,0 +1,193 @@
+"""DRAM traffic of kernel sequences (kitsune_dse.cost.region.kernel_works), by hand.
+
+Test spec: usable L2 = 50 MiB * 0.75 = 37.5 MiB. An intermediate stays in L2 between its
+producer and a consumer when its bytes plus the bytes touched by the kernels in between fit
+that budget; otherwise it is written by its producer and re-read by the consumer.
+"""
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+
+from helpers_graphs import (examples, H100, L2_USABLE, MiB, build, chain_graph, gemm_graph, mlp_graph,
+                            small_graphs)
+from kitsune_dse.cost.region import Region, kernel_works
+from kitsune_dse.cost.roofline import split_k_partials_bytes
+from kitsune_dse.cost.strategies import bsp, bsp_groups, fusion, fusion_groups
+from kitsune_dse.graph.ir import Tensor
+
+
+def traffic(works):
+    """[(name, DRAM read MiB, DRAM write MiB, L2 MiB)] per kernel."""
+    return [(w.name, w.dram_read_bytes / MiB, w.dram_write_bytes / MiB, w.l2_bytes / MiB)
+            for w in works]
+
+
+def bsp_works(g, ops=None):
+    r = Region.of(g, ops)
+    return kernel_works(r, bsp_groups(r), H100)
+
+
+def test_usable_l2_budget():
+    assert H100.l2_usable_bytes == L2_USABLE == 37.5 * MiB
+
+
+def test_intermediate_bigger_than_l2_is_written_and_reread():
+    # [8192, 4096] fp16 = 64 MiB > 37.5 MiB: relu writes t1 out, the next relu reads it back
+    g = chain_graph(8192, 4096, ("relu", "relu"))
+    a = 8192 * 4096 * 2 / MiB                                   # 64 MiB
+    assert traffic(bsp_works(g)) == [("op0", a, a, 0.0), ("op1", a, a, 0.0)]
+    e = bsp(Region.of(g), H100)
+    assert e.dram_read_bytes == 2 * 8192 * 4096 * 2           # x, t1
+    assert e.dram_write_bytes == 2 * 8192 * 4096 * 2          # t1, y
+
+
+def test_small_intermediate_stays_in_l2_and_costs_no_dram():
+    # [1024, 4096] fp16 = 8 MiB: t1 is read from L2; only x is read and y written
+    g = chain_graph(1024, 4096, ("relu", "relu"))
+    assert traffic(bsp_works(g)) == [("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 8.0, 8.0)]
+
+
+def test_traffic_of_the_kernels_in_between_evicts_an_intermediate():
+    # op0: t1 = relu(x); op1: t2 = relu(x); op2: y = t1 + t2 (all [rows, 4096] fp16)
+    def graph(rows):
+        return build("between", [Tensor("x", (rows, 4096), "fp16")],
+                     [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("x",), ("t2",)),
+                      ("op2", "add", ("t1", "t2"), ("y",))], ["x"], [])
+    # 16 MiB tensors: op1 touches x (16) + t2 (16) = 32 MiB in between; 16 + 32 = 48 > 37.5, so
+    # t1 goes to DRAM (written by op0, read by op2); x (16 + 0) and t2 (16 + 0) stay in L2
+    assert traffic(bsp_works(graph(2048))) == [
+        ("op0", 16.0, 16.0, 0.0), ("op1", 0.0, 0.0, 16.0), ("op2", 16.0, 16.0, 16.0)]
+    # 8 MiB tensors: 8 + (8 + 8) = 24 <= 37.5: everything but x and y stays on chip
+    assert traffic(bsp_works(graph(1024))) == [
+        ("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 0.0, 8.0), ("op2", 0.0, 8.0, 16.0)]
+
+
+def test_weights_are_read_once_when_they_stay_in_l2():
+    # h = x @ w, y = h @ w with x, w [1024, 1024] fp16 = 2 MiB: w read from DRAM by the first
+    # GEMM only, the second finds it (and h) in L2
+    t = [Tensor("x", (1024, 1024), "fp16"), Tensor("w", (1024, 1024), "fp16")]
+    g = build("shared-w", t, [("mm1", "matmul", ("x", "w"), ("h",)),
+                              ("mm2", "matmul", ("h", "w"), ("y",))], ["x"], ["w"])
+    (k0, k1) = bsp_works(g)
+    assert (k0.dram_read_bytes, k0.dram_write_bytes) == (2 * 2 * MiB, 0)
+    assert k1.dram_read_bytes == 0 and k1.dram_write_bytes == 2 * MiB
+    # L2 serves h and w (2 MiB each) plus any split-K partial sums
+    assert k1.l2_bytes == 4 * MiB + split_k_partials_bytes(1, 1024, 1024, k1.split_k)
+    # a 64 MiB weight cannot stay: both GEMMs read it from DRAM
+    t = [Tensor("x", (256, 4096), "fp16"), Tensor("w", (4096, 4096 * 2), "fp16"),
+         Tensor("v", (8192, 4096), "fp16")]
+    g = build("big-w", t, [("mm1", "matmul", ("x", "w"), ("h",)),
+                           ("mm2", "matmul", ("h", "v"), ("z",)),
+                           ("mm3", "matmul", ("z", "w"), ("y",))], ["x"], ["w", "v"])
+    works = bsp_works(g)
+    w_bytes = 4096 * 8192 * 2                                    # 64 MiB
+    assert works[0].dram_read_bytes == 256 * 4096 * 2 + w_bytes
+    assert works[2].dram_read_bytes == w_bytes                   # z (4 MiB) came from L2
+
+
+def test_a_large_weight_used_once_is_read_exactly_once():
+    g = gemm_graph(512, 8192, 8192)                               # w = 128 MiB
+    (w,) = bsp_works(g)
+    assert w.dram_read_bytes == 512 * 8192 * 2 + 8192 * 8192 * 2
+    assert w.dram_write_bytes == 512 * 8192 * 2
+
+
+def test_graph_outputs_are_always_written():
+    # a (8 MiB) is both a graph output and the next op's input: written although it fits L2
+    g = build("out-and-used", [Tensor("x", (1024, 4096), "fp16")],
+              [("op0", "relu", ("x",), ("a",)), ("op1", "relu", ("a",), ("y",))],
+              ["x"], [], outputs=["a", "y"])
+    assert traffic(bsp_works(g)) == [("op0", 8.0, 8.0, 0.0), ("op1", 0.0, 8.0, 8.0)]
+    assert traffic(kernel_works(Region.of(g), [("op0", "op1")], H100)) == [
+        ("op0+op1", 8.0, 16.0, 0.0)]
+
+
+def test_graph_inputs_are_read_cold_even_when_small():
+    g = chain_graph(64, 64, ("relu",))
+    assert traffic(bsp_works(g)) == [("op0", 64 * 64 * 2 / MiB, 64 * 64 * 2 / MiB, 0.0)]
+
+
+def test_a_region_output_that_does_not_fit_l2_is_written_for_the_next_region():
+    # chain of 64 MiB tensors cut after op1: t2 leaves the region through DRAM, and the region
+    # that consumes it reads it from DRAM
+    g = chain_graph(8192, 4096, ("relu", "relu", "relu"))
+    first = Region.of(g, ["op0", "op1"])
+    assert first.outputs == ("t2",)
+    assert traffic(kernel_works(first, bsp_groups(first), H100)) == [
+        ("op0", 64.0, 64.0, 0.0), ("op1", 64.0, 64.0, 0.0)]
+    assert traffic(kernel_works(first, [("op0", "op1")], H100)) == [("op0+op1", 64.0, 64.0, 0.0)]
+    second = Region.of(g, ["op2"])
+    assert second.inputs == ("t2",)
+    assert traffic(kernel_works(second, bsp_groups(second), H100)) == [("op2", 64.0, 64.0, 0.0)]
+
+
+def test_a_small_hand_off_between_regions_stays_in_l2():
+    # 8 MiB t2 produced by one region and consumed by the next fits the usable L2: neither its
+    # write nor its read reaches DRAM (regions run back to back; region.handed_over)
+    g = chain_graph(1024, 4096, ("relu", "relu", "relu"))
+    first, second = Region.of(g, ["op0", "op1"]), Region.of(g, ["op2"])
+    assert traffic(kernel_works(first, bsp_groups(first), H100)) == [
+        ("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 0.0, 8.0)]
+    assert traffic(kernel_works(second, bsp_groups(second), H100)) == [("op2", 0.0, 8.0, 8.0)]
+    # the two regions together move what the whole chain moves as one region
+    total = sum(w.dram_bytes for reg in (first, second) for w in kernel_works(reg, bsp_groups(reg), H100))
+    assert total == sum(w.dram_bytes for w in bsp_works(g)) == 16 * MiB
+
+
+def test_fused_intermediates_never_touch_memory():
+    g = chain_graph(8192, 4096, ("relu", "gelu", "scale"))
+    (w,) = kernel_works(Region.of(g), [("op0", "op1", "op2")], H100)
+    assert (w.dram_read_bytes, w.dram_write_bytes, w.l2_bytes) == (64 * MiB, 64 * MiB, 0)
+
+
+@pytest.mark.parametrize("rows, resident", [(1024, True), (8192, False)])
+def test_free_views_alias_their_source(rows, resident):
+    # x -> relu -> a -> reshape -> b -> relu -> y costs what the chain without the view costs
+    g = build("view", [Tensor("x", (rows, 4096), "fp16")],
+              [("r1", "relu", ("x",), ("a",)),
+               ("v", "reshape", ("a",), ("b",), {"shape": [rows * 2, 2048]}),
+               ("r2", "relu", ("b",), ("y",))], ["x"], [])
+    mb = rows * 4096 * 2 / MiB
+    want = ([("r1", mb, 0.0, 0.0), ("r2", 0.0, mb, mb)] if resident
+            else [("r1", mb, mb, 0.0), ("r2", mb, mb, 0.0)])
+    assert traffic(bsp_works(g)) == want
+
+
+def test_gpt3_mlp_bsp_traffic_by_hand():
+    # tokens 2048, hidden 12288, ffn 49152 (fp16): h and a are 192 MiB each, o 48 MiB, the
+    # weights 1.125 GiB each; nothing but the biases fits in L2 across kernels
+    T, H, F = 2048, 12288, 49152
+    g = mlp_graph(T, H, F)
+    works = bsp_works(g)
+    x, w1, b1, w2, b2 = T * H * 2, H * F * 2, F * 2, F * H * 2, H * 2
+    h = a = T * F * 2
+    o = y = T * H * 2
+    reads = [w.dram_read_bytes for w in works]
+    writes = [w.dram_write_bytes for w in works]
+    assert reads == [x + w1 + b1, h, a + w2 + b2, o + x]
+    assert writes == [h, a, o, y]
+    e = fusion(Region.of(g), H100)
+    # fused [fc1, gelu], [fc2, residual]: h and o never leave the kernel; a is 192 MiB
+    assert e.dram_read_bytes == x + w1 + b1 + a + w2 + b2 + x
+    assert e.dram_write_bytes == a + y
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(g=small_graphs())
+def test_bsp_and_fusion_move_at_least_the_compulsory_bytes(g):
+    r = Region.of(g)
+    cr, cw = r.compulsory_bytes()
+    for est in (bsp(r, H100), fusion(r, H100)):
+        assert est.dram_read_bytes >= cr * (1 - 1e-12)
+        assert est.dram_write_bytes >= cw * (1 - 1e-12)
+    # per kernel: nothing negative
+    for w in kernel_works(r, fusion_groups(r), H100):
+        assert min(w.dram_read_bytes, w.dram_write_bytes, w.l2_bytes) >= 0
+
+
+@settings(max_examples=examples(40), deadline=None)
+@given(g=small_graphs())
+def test_fusion_never_moves_more_dram_bytes_than_bsp(g):
+    r = Region.of(g)
+    assert fusion(r, H100).dram_bytes <= bsp(r, H100).dram_bytes * (1 + 1e-12)

@@ -1,0 +1,338 @@
+"""Host-side tests of the validation harness (no GPU, no CuPy): plan reading and retargeting,
+fusion grouping, pipeline layout, generated CUDA source, ncu output parsing, statistics."""
+from __future__ import annotations
+
+import copy
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from kitsune_dse.errors import KitsuneError
+from kitsune_dse.graph import load_model
+from kitsune_dse.validate import codegen
+from kitsune_dse.validate.lower import (Region, bsp_groups, cublas_plan, empty_target_per_gen,
+                                        fusion_groups, layout_pipeline, row_cfg)
+from kitsune_dse.validate.plan import DeviceInfo, check_plan, check_target, load_plan
+
+DATA = Path(__file__).resolve().parent / "data"
+PLANS = DATA / "plans"
+H100 = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+
+
+def _plan(name):
+    return load_plan(PLANS / f"{name}.json")
+
+
+def _region(plan, i=0):
+    from kitsune_dse.validate.harness import resolve_model_ref
+    g = load_model(resolve_model_ref(plan), plan["model"]["sizes"])
+    return Region(g, plan["regions"][i]), plan["regions"][i]
+
+
+def test_import_without_cupy():
+    code = ("import sys; import kitsune_dse.validate, kitsune_dse.validate.codegen, "
+            "kitsune_dse.validate.lower, kitsune_dse.validate.harness, kitsune_dse.validate.runtime, "
+            "kitsune_dse.validate.cli_cmds; print('cupy' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         cwd=Path(__file__).resolve().parents[1])
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("path", sorted(PLANS.glob("*.json")), ids=lambda p: p.stem)
+def test_example_plans_load(path):
+    plan = load_plan(path)
+    assert plan["schema"] == "kitsune-dse/plan/v1"
+    reg, region = _region(plan)
+    assert reg.outputs
+
+
+def test_plan_errors_name_the_field():
+    plan = _plan("gpt3-mlp-t2048-tp8")
+    bad = copy.deepcopy(plan)
+    bad["schema"] = "other"
+    with pytest.raises(KitsuneError, match="schema"):
+        check_plan(bad, "p.json")
+    bad = copy.deepcopy(plan)
+    bad["regions"][0]["stages"][1]["ops"].append("fc1")
+    with pytest.raises(KitsuneError, match="two stages"):
+        check_plan(bad, "p.json")
+    bad = copy.deepcopy(plan)
+    bad["regions"][0]["queues"][0]["mode"] = "sideways"
+    with pytest.raises(KitsuneError, match="mode"):
+        check_plan(bad, "p.json")
+    bad = copy.deepcopy(plan)
+    bad["regions"][0]["stages"][0]["ops"] = ["fc1"]
+    with pytest.raises(KitsuneError, match="in no stage"):
+        check_plan(bad, "p.json")
+
+
+def test_foreign_plan_is_refused_unless_retargeted():
+    plan = _plan("gpt3-mlp-t2048-tp8")
+    a100 = DeviceInfo(name="NVIDIA A100-SXM4-80GB", arch="sm_80", sm_count=108)
+    with pytest.raises(KitsuneError, match="--retarget"):
+        check_target(plan, a100)
+    out, notes = check_target(plan, a100, retarget=True)
+    sms = [s["sms"] for s in out["regions"][0]["stages"]]
+    assert sum(sms) <= 108 and sms == [54, 54]
+    assert all(s["ctas"] == s["sms"] for s in out["regions"][0]["stages"])
+    assert "retargeted" in notes[0]
+    assert plan["regions"][0]["stages"][0]["sms"] == 66      # the input is not modified
+    same, notes = check_target(plan, H100)
+    assert not notes and same["regions"][0]["stages"][0]["sms"] == 66
+
+
+def test_retarget_keeps_sum_within_device():
+    plan = _plan("ln-gemm-t2048")
+    small = DeviceInfo(name="x", arch="sm_90", sm_count=7)
+    out, _ = check_target(plan, small, retarget=True)
+    sms = [s["sms"] for s in out["regions"][0]["stages"]]
+    assert sum(sms) <= 7 and min(sms) >= 1
+
+
+def test_too_many_sms_refused():
+    plan = _plan("gpt3-mlp-t2048-tp8")
+    plan["regions"][0]["stages"][0]["sms"] = 100
+    with pytest.raises(KitsuneError, match="take 166 SMs"):
+        check_target(plan, H100)
+
+
+def test_bsp_and_fusion_groups_gpt3():
+    reg, _ = _region(_plan("gpt3-mlp-t2048-tp8"))
+    bsp = bsp_groups(reg)
+    assert [g.kind for g in bsp] == ["gemm", "ew", "gemm", "ew"]
+    assert [g.stores for g in bsp] == [["h"], ["a"], ["o"], ["y"]]
+    fus = fusion_groups(reg)
+    assert [g.kind for g in fus] == ["gemm", "gemm"]
+    assert fus[0].ops == ["fc1", "gelu"] and fus[0].stores == ["a"]
+    assert fus[1].full_inputs() == ["x"] and fus[1].vec_inputs() == ["b2"]
+    src = codegen.functor(fus[0])
+    assert "act_gelu" in src and "store8" in src
+
+
+def test_swiglu_dual_gemm_group():
+    reg, _ = _region(_plan("llama2-7b-mlp-t512"))
+    fus = fusion_groups(reg)
+    g0 = fus[0]
+    assert g0.kind == "gemm" and g0.nb == 2 and g0.weights == ["w_gate", "w_up"]
+    assert g0.stores == ["inter"]
+    src = codegen.functor(g0)
+    assert "act_silu(acc[0][q])" in src and "acc[1][q]" in src
+    # the residual add(x, mlp) fuses into the down projection whichever operand is the chain
+    assert fus[1].ops == ["down_proj", "residual"]
+
+
+def test_row_group_with_pre_op_and_two_outputs():
+    reg, _ = _region(_plan("ln-gemm-fusion-t2048"))
+    fus = fusion_groups(reg)
+    g0 = fus[0]
+    assert g0.kind == "row" and g0.row_op == "ln" and g0.stores == ["h", "z"]
+    assert g0.gamma == "gamma" and g0.beta == "beta"
+    src = codegen.functor(g0)
+    assert "void pre(" in src and "void post(" in src and "if (store)" in src
+
+
+def test_row_cfg_keeps_rows_in_registers():
+    assert row_cfg(2048) == (1, True, 8)
+    assert row_cfg(4096) == (2, True, 8)
+    assert row_cfg(12288) == (8, True, 6)
+    assert row_cfg(65536)[1] is False
+
+
+def test_unsupported_op_is_a_clear_error():
+    g = load_model("gpt3-mlp", {"tokens": 64, "hidden": 256})
+    from kitsune_dse.graph.yaml_model import model_from_dict
+    m = model_from_dict({"name": "t", "dtype": "fp16", "inputs": {"a": [64, 128], "b": [64, 128]},
+                         "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"],
+                                  "attrs": {"trans_b": True}}]}, "<t>")
+    reg = Region(m, {"id": 0, "strategy": "bsp", "ops": ["mm"]})
+    with pytest.raises(KitsuneError, match="transposed"):
+        bsp_groups(reg)
+    assert g.op("fc1")
+
+
+def test_pipeline_layout_gpt3_t2048():
+    reg, region = _region(_plan("gpt3-mlp-t2048-tp8"))
+    lay = layout_pipeline(reg, region)
+    assert lay.bm == 128 and lay.nrb == 16 and lay.grid == 132
+    assert [(s.first_cta, s.ctas) for s in lay.stages] == [(0, 66), (66, 66)]
+    (ring,) = lay.rings
+    assert ring.tensor == "a" and ring.depth == 8 and ring.nslots == 8 and not ring.direct
+    assert lay.steps[0].items == 48 and lay.steps[1].items == 96
+    assert empty_target_per_gen(lay, ring) == min(96, 66 * lay.teams)
+    # control words: header, one smid per CTA, then counters that do not overlap
+    spans = [(ring.full_off, ring.nslots), (ring.empty_off, ring.nslots)]
+    assert ring.full_off >= lay.smid_off + lay.grid
+    ends = sorted((a, a + n) for a, n in spans)
+    assert all(ends[i][1] <= ends[i + 1][0] for i in range(len(ends) - 1))
+    assert lay.ctrl_words >= ends[-1][1]
+
+
+def test_pipeline_layout_split_k_splits_k():
+    reg, region = _region(_plan("gpt3-mlp-t64"))
+    lay = layout_pipeline(reg, region)
+    assert lay.bm == 64 and lay.nrb == 1
+    st = lay.steps[1]
+    assert st.split_k_ring == 0 and st.ksplit > 1 and st.kper % lay.rings[0].slab_w == 0
+    assert st.items == st.n_tiles * st.ksplit
+    assert lay.rings[0].slab_w == 128 and lay.rings[0].nslabs == 384
+
+
+def test_direct_ring_for_region_output_consumed_inside():
+    plan = {"schema": "kitsune-dse/plan/v1", "model": {"ref": str(DATA / "models/ln-gemm.yaml"),
+                                                         "sizes": {"tokens": 300, "hidden": 1024, "ffn": 512}},
+            "hw": {"name": "h100", "arch": "sm_90", "sm_count": 132},
+            "regions": [{"id": 0, "strategy": "pipeline", "ops": ["resid", "ln", "fc", "act"],
+                         "stages": [{"id": 0, "ops": ["resid"], "sms": 8, "ctas": 8, "tile": {"rows": 128}},
+                                    {"id": 1, "ops": ["ln"], "sms": 16, "ctas": 16, "tile": {"rows": 128}},
+                                    {"id": 2, "ops": ["fc", "act"], "sms": 100, "ctas": 100, "tile": {"rows": 128}}],
+                         "queues": [{"producer": 0, "consumer": 1, "tensors": ["h"], "slot_bytes": 1, "depth": 2,
+                                     "mode": "row"}]}]}
+    check_plan(plan)
+    reg, region = _region(plan)
+    lay = layout_pipeline(reg, region)
+    rings = {r.tensor: r for r in lay.rings}
+    assert rings["h"].direct and rings["h"].nslots == lay.nrb == 3
+    assert not rings["z"].direct and rings["z"].nslots == 2
+    src = codegen.pipeline_source(lay, codegen.BufTable())
+    # a direct ring is never waited on for free slots
+    assert f"ctrl + {rings['h'].empty_off}" not in src
+
+
+def test_lead_schema_slabs_count_queue_depth():
+    plan = _plan("gpt3-mlp-t2048-tp8")
+    r = plan["regions"][0]
+    for s in r["stages"]:
+        s["tile"] = {"rows": 128, "slabs": 4}
+    r["queues"][0]["depth"] = 8      # 8 slabs = 2 row-blocks
+    reg, region = _region(plan)
+    assert layout_pipeline(reg, region).rings[0].depth == 2
+
+
+def test_pipeline_source_structure():
+    reg, region = _region(_plan("gpt3-mlp-t2048-tp8"))
+    lay = layout_pipeline(reg, region)
+    bt = codegen.BufTable()
+    src = codegen.pipeline_source(lay, bt)
+    assert f"__launch_bounds__({256 * lay.teams}, 1) kdse_pipeline" in src
+    assert "ctrl[8 + blockIdx.x] = smid();" in src
+    assert "if (b < 66) stage_0(" in src and "else if (b < 132) stage_1(" in src
+    assert src.count("team_wait_geq(") == 2      # the producer's free-slot wait, the consumer's full wait
+    assert "team_publish(" in src and "team_arrive(" in src
+    assert "+ 1u, ctrl" not in src
+    assert set(bt.names) == {"x", "w1", "b1", "ring:a", "w2", "b2", "y"}
+    from kitsune_dse.validate.runtime import expand_includes
+    full = expand_includes(src)
+    for needle in ("ld.acquire.gpu", "st.release.gpu", "red.release.gpu", "%globaltimer", "%smid",
+                   "ld.global.cg", "cp.async.cg", "mma.sync.aligned.m16n8k16", "ldmatrix", "bar.red.and.pred"):
+        assert needle in full, needle
+    assert "#include \"" not in full
+    planted = codegen.pipeline_source(layout_pipeline(reg, region, plant_deadlock=True), codegen.BufTable())
+    assert planted.count("+ 1u, ctrl") == 1
+
+
+def test_standalone_source_and_split_k_baseline():
+    reg, _ = _region(_plan("gpt3-mlp-t64"))
+    bt = codegen.BufTable()
+    src, launches, ws = codegen.standalone_source(reg, bsp_groups(reg), bt, 132, "bsp")
+    names = [ln.kernel for ln in launches]
+    assert names[0] == "bsp_g0" and "bsp_g2_reduce" in names       # fc2: 96 tiles < 132 SMs
+    fc2 = [ln for ln in launches if ln.kernel == "bsp_g2"][0]
+    assert fc2.grid[2] > 1 and ws
+    assert all(f"void __launch_bounds__" in src for _ in names)
+    assert re.search(r'extern "C" __global__ void __launch_bounds__\(256, \d\) bsp_g0', src)
+
+
+def test_cublas_plan_splits_bias():
+    reg, _ = _region(_plan("gpt3-mlp-t2048-tp8"))
+    steps = cublas_plan(reg)
+    kinds = [k for k, _ in steps]
+    assert kinds == ["cublas", "group", "group", "cublas", "group", "group"]
+    assert reg.extra_shapes["h:raw"] == (2048, 6144)
+
+
+def test_ncu_csv_parsing():
+    from kitsune_dse.validate.ncu import parse_ncu_csv
+    text = ('==PROF== Connected\n"ID","Process ID","Process Name","Host Name","Kernel Name","Context","Stream",'
+            '"Section Name","Metric Name","Metric Unit","Metric Value"\n'
+            '"0","1","python","h","range0","1","7","Command line profiler metrics","dram__bytes_read.sum","byte","1,234,567"\n'
+            '"0","1","python","h","range0","1","7","Command line profiler metrics","dram__bytes_write.sum","byte","89"\n'
+            '"1","1","python","h","range1","1","7","Command line profiler metrics","dram__bytes_read.sum","byte","5"\n'
+            '"1","1","python","h","range1","1","7","Command line profiler metrics","dram__bytes_write.sum","byte","6"\n')
+    rows = parse_ncu_csv(text)
+    assert rows == [{"dram__bytes_read.sum": 1234567.0, "dram__bytes_write.sum": 89.0},
+                    {"dram__bytes_read.sum": 5.0, "dram__bytes_write.sum": 6.0}]
+
+
+def test_timing_statistics():
+    from kitsune_dse.validate.measure import Timing
+    t = Timing.of([float(i) for i in range(1, 101)])
+    assert t.median_s == 50.5 and abs(t.p10_s - 10.9) < 1e-9 and abs(t.p90_s - 90.1) < 1e-9 and t.runs == 100
+
+
+def test_predicted_for_variants():
+    from kitsune_dse.validate.harness import predicted_for
+    plan = _plan("gpt3-mlp-t2048-tp8")
+    r = plan["regions"][0]
+    assert predicted_for(plan, r, "plan") == r["predicted"]
+    assert predicted_for(plan, r, "bsp-graph") == plan["baselines"]["bsp"]
+    assert predicted_for(plan, r, "cublas") == {}
+
+
+def test_csv_writer(tmp_path):
+    from kitsune_dse.validate.harness import CSV_FIELDS, write_csv
+    write_csv([{"plan": "p", "variant": "plan", "measured_latency_s": 1.23456789e-4, "correct": True}],
+              tmp_path / "v.csv")
+    lines = (tmp_path / "v.csv").read_text().splitlines()
+    assert lines[0].split(",") == CSV_FIELDS
+    assert "0.000123457" in lines[1]
+
+
+def test_cli_validate_registered():
+    import typer
+    from typer.testing import CliRunner
+
+    from kitsune_dse.validate.cli_cmds import register
+    app = typer.Typer()
+    register(app)
+
+    @app.command("other")
+    def _other():
+        pass
+    res = CliRunner().invoke(app, ["validate", "--help"])
+    assert res.exit_code == 0
+    for opt in ("--out", "--runs", "--retarget", "--ncu"):
+        assert opt in res.output
+
+
+def test_precompile_cache_key_is_stable():
+    from kitsune_dse.validate.runtime import source_key
+    reg, region = _region(_plan("ln-gemm-t2048"))
+    a = codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())
+    b = codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())
+    assert source_key(a, "sm_90") == source_key(b, "sm_90") != source_key(a, "sm_80")
+
+
+def test_kernel_sources_compile_with_nvrtc_if_available():
+    """Where NVRTC is installed (through CuPy's bindings), every example plan's kernels compile."""
+    try:
+        from cupy_backends.cuda.libs import nvrtc
+    except Exception:  # noqa: BLE001
+        pytest.skip("no NVRTC here")
+    from kitsune_dse.validate.runtime import expand_includes
+    import os
+    inc = [f"-I{p}/include" for p in ("/usr/local/cuda",) if os.path.isdir(f"{p}/include")]
+    reg, region = _region(_plan("llama2-7b-mlp-t512"))
+    src = codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())
+    try:
+        prog = nvrtc.createProgram(expand_includes(src), "k.cu", [], [])
+        nvrtc.compileProgram(prog, ["-arch=sm_90", "-std=c++17", *inc])
+    except Exception as e:  # noqa: BLE001
+        if "libnvrtc" in str(e) or "not found" in str(e).lower():
+            pytest.skip(f"NVRTC unusable here: {e}")
+        raise AssertionError(nvrtc.getProgramLog(prog))
+    assert json.dumps  # keep json imported for the plan helpers
