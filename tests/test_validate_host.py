@@ -243,6 +243,7 @@ def test_standalone_source_and_split_k_baseline():
     assert names[0] == "bsp_g0" and "bsp_g2_reduce" in names       # fc2: 96 tiles < 132 SMs
     fc2 = [ln for ln in launches if ln.kernel == "bsp_g2"][0]
     assert fc2.grid[2] > 1 and ws
+    assert fc2.grid[0] == 96 and "per_group" in src
     assert all(f"void __launch_bounds__" in src for _ in names)
     assert re.search(r'extern "C" __global__ void __launch_bounds__\(256, \d\) bsp_g0', src)
 

@@ -50,6 +50,7 @@ class _LazyProgress:
 
 def register(app: typer.Typer) -> None:
     from kitsune_dse.cli import console, parse_kv, parse_sets
+    register_sweep(app)
 
     @app.command("compare")
     def compare_cmd(model: str = typer.Argument(..., help="zoo name, .yaml or .onnx path"),
@@ -128,6 +129,50 @@ def register(app: typer.Typer) -> None:
             write_json(outdir / "plan.json", new)
             write_csv(outdir / "plan.csv", plan_rows(new), PLAN_COLUMNS)
             console.print(f"wrote {outdir / 'plan.json'}, {outdir / 'plan.csv'}")
+
+
+def register_sweep(app: typer.Typer) -> None:
+    from kitsune_dse.cli import console, parse_kv, parse_sets
+
+    @app.command("sweep")
+    def sweep_cmd(models: str = typer.Option(..., "--models", help="comma-separated zoo names or paths ('all' for the zoo)"),
+                  hw: str = typer.Option(..., "--hw", help="comma-separated spec names or paths ('all' for the shipped specs)"),
+                  out: Path = typer.Option(Path("results/sweep"), "--out", help="folder for sweep.csv and sweep.png"),
+                  set_: Optional[list[str]] = typer.Option(None, "--set", help="size override NAME=VALUE"),
+                  hw_set: Optional[list[str]] = typer.Option(None, "--hw-set", help="spec override FIELD=VALUE"),
+                  objective: str = typer.Option("latency", "--objective"),
+                  time_limit: float = typer.Option(10.0, "--time-limit"),
+                  sm_granularity: int = typer.Option(1, "--sm-granularity"),
+                  jobs: int = typer.Option(1, "--jobs", help="parallel processes"),
+                  executor: str = typer.Option("local", "--executor", help="local | dask"),
+                  scheduler: Optional[str] = typer.Option(None, "--scheduler", help="Dask scheduler tcp://HOST:PORT")):
+        """Explore every model x spec combination; one row each in sweep.csv."""
+        from kitsune_dse.graph import list_models
+        from kitsune_dse.hw import list_specs
+        from kitsune_dse.report.sweep import run_sweep
+        ms = sorted(list_models()) if models.strip() == "all" else [m.strip() for m in models.split(",") if m.strip()]
+        ss = ([s for s in sorted(list_specs()) if "calibrated" not in s] if hw.strip() == "all"
+              else [s.strip() for s in hw.split(",") if s.strip()])
+        prog = _LazyProgress(console)
+        try:
+            rows, wall = run_sweep(ms, ss, out=out, sets=parse_sets(set_), hw_set=parse_kv(hw_set, "--hw-set"),
+                                   objective=objective, time_limit_s=time_limit,
+                                   sm_granularity=sm_granularity, jobs=jobs, executor=executor,
+                                   scheduler=scheduler, progress=prog)
+        finally:
+            prog.close()
+        t = Table(title=f"sweep: {len(rows)} combinations in {wall:.1f} s")
+        for c in ("model", "spec", "plan", "vs bsp", "vs fusion", "DRAM vs bsp", "status / error"):
+            t.add_column(c)
+        for r in rows:
+            if r.get("error"):
+                t.add_row(r["model"], r["spec"], "", "", "", "", r["error"][:60])
+            else:
+                t.add_row(r["model"], r["spec"], f"{r['plan_latency_s'] * 1e6:,.1f} µs",
+                          f"{r['speedup_vs_bsp']:.2f}x", f"{r['speedup_vs_fusion']:.2f}x",
+                          f"{-r['dram_reduction_vs_bsp'] * 100:+.0f}%", str(r["solver_status"]))
+        console.print(t)
+        console.print(f"wrote {out / 'sweep.csv'}")
 
 
 def _print_summary(console, plan: dict, rows: list[dict]) -> None:

@@ -14,6 +14,7 @@ from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, Group, PipelineLay
                                         empty_target_per_gen, row_cfg)
 
 GEMM_STAGES = 4
+GROUP_M = 8                 # row-blocks per rasterization group of a standalone GEMM
 
 
 def gemm_cfg(bm: int, bn: int, nb: int, bk: int = GEMM_BK, stages: int = GEMM_STAGES) -> dict:
@@ -238,7 +239,11 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
                      "    extern __shared__ __align__(128) unsigned char smem[];",
                      "    const Team tm = solo_team();",
                      f"    typedef {cfg['type']} Cfg;",
-                     "    const int ct = blockIdx.x, rb = blockIdx.y;",
+                     f"    // grouped rasterization: {GROUP_M} row-blocks x all column tiles per group, so a wave",
+                     "    // reuses the weight column tiles it reads from L2 (the same order as Triton's GROUP_M)",
+                     f"    const int n_ct = {-(-n // bn)}, n_rb = {-(-m // bm)}, per_group = {GROUP_M} * n_ct;",
+                     f"    const int grp0 = (blockIdx.x / per_group) * {GROUP_M}, gsize = min(n_rb - grp0, {GROUP_M});",
+                     "    const int rb = grp0 + (blockIdx.x % per_group) % gsize, ct = (blockIdx.x % per_group) / gsize;",
                      f"    const int m0 = rb * {bm};",
                      f"    const elem_t* A = (const elem_t*)bufs[{a}] + (size_t)m0 * {k};",
                      f"    const elem_t* B0 = (const elem_t*)bufs[{b0}];",
@@ -257,7 +262,7 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
                           f"    const int k0 = blockIdx.z * {per}, k1 = min({k}, k0 + {per});",
                           f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, k0, k1, ct * {bn}, f, NoWait(), smem, tm);"]
             lines.append("}")
-            launches.append(Launch(kname, (-(-n // bn), -(-m // bm), splits), 256, cfg["SMEM_BYTES"], grp.name))
+            launches.append(Launch(kname, (-(-n // bn) * -(-m // bm), 1, splits), 256, cfg["SMEM_BYTES"], grp.name))
             if splits > 1:
                 w = bufs.idx(f"{prefix}_{grp.name}_ws")
                 total = m * n // 8
