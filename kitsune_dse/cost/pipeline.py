@@ -295,6 +295,12 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     used = sum(c.sms)
     dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
     bw_bound = dram / spec.hbm_bandwidth_from(used)
+    if bw_bound > sim.makespan_s:
+        # the stages share one DRAM: when together they ask for more than the chip delivers,
+        # every stage slows by the same factor (keeps the per-tile timeline consistent)
+        t = t * (bw_bound / sim.makespan_s)
+        sim = simulate(np.repeat(t[:, None], units, axis=1), [d * plan.slabs for d in c.depths],
+                       spec.sync_latency_s)
     latency = max(sim.makespan_s, bw_bound) + spec.graph_launch_overhead_s
     busy = float(sum(t[j] * units * c.sms[j] for j in range(len(t))))
     return Estimate(

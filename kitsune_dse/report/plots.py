@@ -12,7 +12,8 @@ import numpy as np  # noqa: E402
 from kitsune_dse.report.io import atomic_write_text  # noqa: E402,F401
 from kitsune_dse.report.timeline import Timeline  # noqa: E402
 
-COLORS = plt.get_cmap("tab20").colors
+# ten strong colours first, then their light variants: neighbouring groups stay distinct
+COLORS = tuple(plt.get_cmap("tab10").colors) + tuple(plt.get_cmap("tab20").colors[1::2])
 STRATEGY_COLORS = {"bsp": "#7f7f7f", "bsp-eager": "#c7c7c7", "fusion": "#1f77b4",
                    "tilesync": "#17becf", "concurrent": "#9467bd", "pipeline": "#d62728",
                    "plan": "#2ca02c"}
@@ -120,6 +121,9 @@ def plan_png(path: Path, tl: Timeline, title: str):
     ax = axes[0][0]
     names = sorted({b.name.split(" tile ")[0] for b in tl.bars if b.kind != "blocked"})
     cmap = {n: COLORS[i % len(COLORS)] for i, n in enumerate(names)}
+    dense: dict[str, int] = {}
+    for b in tl.bars:
+        dense[b.track] = dense.get(b.track, 0) + 1
     for b in tl.bars:
         y = tl.tracks.index(b.track)
         if b.kind == "blocked":
@@ -127,7 +131,8 @@ def plan_png(path: Path, tl: Timeline, title: str):
                     color="#ffcccc", edgecolor="none")
         else:
             ax.barh(y, (b.end_s - b.start_s) * 1e6, left=b.start_s * 1e6, height=0.7,
-                    color=cmap[b.name.split(" tile ")[0]], edgecolor="white", linewidth=0.3)
+                    color=cmap[b.name.split(" tile ")[0]],
+                    edgecolor="white" if dense.get(b.track, 0) <= 60 else "none", linewidth=0.3)
     ax.set_yticks(range(n_tr), [t if len(t) < 40 else t[:37] + "..." for t in tl.tracks])
     ax.invert_yaxis()
     from matplotlib.patches import Patch
@@ -141,7 +146,8 @@ def plan_png(path: Path, tl: Timeline, title: str):
         qa = axes[1][0]
         for i, (name, pts) in enumerate(tl.counters.items()):
             arr = np.array(pts)
-            qa.step(arr[:, 0] * 1e6, arr[:, 1], where="post", label=name, c=COLORS[(2 * i) % 20])
+            qa.step(arr[:, 0] * 1e6, arr[:, 1], where="post", label=name, c=COLORS[i % len(COLORS)],
+                    lw=0.8)
         qa.set_ylabel("tiles in queue")
         qa.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
         qa.grid(alpha=0.3)
@@ -158,7 +164,7 @@ def sweep_png(path: Path, rows: list[dict]):
     for k, s in enumerate(specs):
         vals = [next((r["speedup_vs_bsp"] for r in ok if r["model"] == m and r["spec"] == s), np.nan)
                 for m in models]
-        ax.bar(np.arange(len(models)) + k * w, vals, width=w, label=s, color=COLORS[(2 * k) % 20])
+        ax.bar(np.arange(len(models)) + k * w, vals, width=w, label=s, color=COLORS[k % len(COLORS)])
     ax.axhline(1.0, c="k", lw=0.8)
     ax.set_xticks(np.arange(len(models)) + 0.4 - w / 2, models, rotation=35, ha="right")
     ax.set_ylabel("predicted speedup of the plan over bsp")

@@ -74,6 +74,11 @@ def main():
          [["fc1", "gelu"], ["fc2", "residual"]],
          [{"ops": ["fc1", "gelu"], "sms": 66, "tile": t128}, {"ops": ["fc2", "residual"], "sms": 66, "tile": t128}],
          [{"producer": 0, "consumer": 1, "tensors": ["a"], "slot_bytes": 128 * 6144 * 2, "depth": 8, "mode": "row"}])
+    plan("gpt3-mlp-t2048-tp8-splitk", "gpt3-mlp", {"tokens": 2048, "tp": 8}, "pipeline",
+         [["fc1", "gelu"], ["fc2", "residual"]],
+         [{"ops": ["fc1", "gelu"], "sms": 66, "tile": t128}, {"ops": ["fc2", "residual"], "sms": 66, "tile": t128}],
+         [{"producer": 0, "consumer": 1, "tensors": ["a"], "slot_bytes": 128 * 6144 * 2, "depth": 8, "mode": "split_k"}],
+         "Like gpt3-mlp-t2048-tp8 with a split-K queue: fc2 starts on each column slab of a row-block.")
     plan("llama2-7b-mlp-t512", "llama2-7b-mlp", {"tokens": 512}, "pipeline",
          [["gate_proj", "up_proj", "silu", "gate_mul"], ["down_proj", "residual"]],
          [{"ops": ["gate_proj", "up_proj", "silu", "gate_mul"], "sms": 88, "tile": t128},
