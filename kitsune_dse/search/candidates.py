@@ -440,9 +440,12 @@ class _Entry:
 
 
 def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_granularity: int = 1,
-                     strategies=STRATEGIES, progress=None) -> CandidateSet:
+                     strategies=STRATEGIES, progress=None,
+                     compare_baselines: bool = True) -> CandidateSet:
     """Every window of up to `max_window` atoms with each allowed strategy (see the module doc).
-    `progress(done, total)` is called as windows are costed."""
+    `progress(done, total)` is called as windows are costed. compare_baselines=False skips the
+    exhaustive pipeline search on whole_model_pipeline's windows (faster; CandidateSet.baselines
+    then has no "pipeline" entry and the plan is guaranteed against the other strategies only)."""
     step = check_granularity(spec, sm_granularity)
     strategies = _check_strategies(strategies)
     if not isinstance(max_window, int) or max_window < 1:
@@ -454,7 +457,7 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
 
     # the windows whole_model_pipeline uses: chunks of each segment's fused groups
     pipe_windows: list[tuple[int, int]] = []
-    if want_pipe:
+    if want_pipe and compare_baselines:
         lo = 0
         while lo < n:
             hi = lo
@@ -540,7 +543,7 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
     baselines: dict[str, list[int]] = {}
     for s in kernel_strats:
         baselines[s] = list(span_ids[(0, n)][s][:1])
-    if want_pipe:
+    if want_pipe and compare_baselines:
         ids = []
         for w in pipe_windows:
             d = span_ids[w]

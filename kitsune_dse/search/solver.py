@@ -225,13 +225,18 @@ class Item:
 def model_items(cset: CandidateSet, step: int) -> list[Item]:
     """Every candidate as an Item; pipeline candidates with no feasible allocation are left out."""
     items = []
+    memo: dict = {}      # copies of a repeated window share their table: model them once
     for c in cset.candidates:
         kib = _kib(c.estimate.dram_bytes)
         if c.strategy == "pipeline":
             if c.stage_tables is None or c.choice is None:
                 continue
-            pm = pipe_model(c, cset, step)
-            best = pm.best()
+            key = (id(c.stage_tables), c.units, c.slabs, c.slot_bytes, c.queue_budget_bytes,
+                   c.choice.sms, c.estimate.dram_bytes)
+            if key not in memo:
+                pm = pipe_model(c, cset, step)
+                memo[key] = (pm, pm.best())
+            pm, best = memo[key]
             if best is None:
                 continue
             items.append(Item(c, best[0], kib, pm, best))
