@@ -33,7 +33,9 @@ if (ROOT / "bench/.cubin_cache").is_dir():
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=30)
-    ap.add_argument("--plans", default=str(ROOT / "tests/data/plans/*.json"))
+    ap.add_argument("--plans", default=",".join([str(ROOT / "tests/data/plans/*.json"),
+                                                 str(ROOT / "tests/data/plans/explorer/*.json")]),
+                    help="comma-separated globs of plan files")
     ap.add_argument("--no-micro", action="store_true")
     ap.add_argument("--micro-only", action="store_true")
     ap.add_argument("--ncu", action="store_true", help="DRAM bytes with ncu inside every validation")
@@ -90,7 +92,7 @@ def main():
     rows = []
     if not a.micro_only:
         variants = [v for v in a.variants.split(",") if v] or None
-        for p in sorted(glob.glob(a.plans)):
+        for p in plan_files(a.plans):
             console.print(f"plan {p}")
             try:
                 rows += validate_plan(p, runs=a.runs, warmup=3, checks=2, ncu=a.ncu, variants=variants,
@@ -108,7 +110,7 @@ def main():
     ncu_rows = []
     if a.ncu_all:
         t_ncu = time.time()
-        for p in sorted(glob.glob(a.plans)):
+        for p in plan_files(a.plans):
             left = a.ncu_budget_s - (time.time() - t_ncu)
             if left < 30:
                 console.print(f"ncu: budget spent, skipping {p}")
@@ -145,6 +147,13 @@ def main():
         console.print(f"{len(rows)} rows, {len(bad)} not correct; total {time.time() - t_start:.0f} s")
         for r in bad:
             console.print(f"  NOT CORRECT {r.get('plan')} {r.get('variant')}: {r.get('error') or r.get('rel_err')}")
+
+
+def plan_files(globs: str) -> list[str]:
+    out = []
+    for g in globs.split(","):
+        out += sorted(glob.glob(g))
+    return out
 
 
 def deadlock_demo(console) -> str:

@@ -47,7 +47,8 @@ def plan_sources(plan: dict, info: DeviceInfo, deadlock: bool = True) -> list[st
 
 def all_sources(info: DeviceInfo) -> list[str]:
     srcs = []
-    for p in sorted(glob.glob(str(ROOT / "tests/data/plans/*.json"))):
+    for p in sorted(glob.glob(str(ROOT / "tests/data/plans/*.json"))) + \
+            sorted(glob.glob(str(ROOT / "tests/data/plans/explorer/*.json"))):
         srcs += plan_sources(load_plan(p), info)
     for _, _, _, vs in case_variants(info):
         srcs += [v.build() for v in vs]

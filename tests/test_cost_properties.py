@@ -192,18 +192,6 @@ def test_tilesync_lies_between_the_dram_floor_and_fusion(g, hw):
     assert t.dram_bytes == f.dram_bytes
 
 
-def _input_reads_slack(region: Region) -> float:
-    """Bytes of region inputs and weights read by more than one op (each extra read): the
-    pipeline model currently charges such a tensor once per stage group that reads it (see
-    test_pipeline.py::test_a_region_input_read_by_two_stages_is_read_from_dram_once, xfail)."""
-    g = region.graph
-    slack = 0.0
-    for t in region.inputs:
-        readers = [o for o in region.ops if t in g.op(o).info.read_bytes]
-        slack += (len(readers) - 1) * g.tensors[t].nbytes
-    return slack
-
-
 @settings(max_examples=examples(60), **SETTINGS)
 @given(g=small_graphs(), hw=spec_variants(), data=st.data())
 def test_pipeline_dram_vs_bsp_dram(g, hw, data):
@@ -212,18 +200,38 @@ def test_pipeline_dram_vs_bsp_dram(g, hw, data):
     ch = data.draw(pipeline_choice(r, hw.sm_count))
     p, b = pipeline(r, hw, ch), bsp(r, hw)
     bd = p.breakdown
-    slack = _input_reads_slack(r)
     cr, cw = r.compulsory_bytes()
-    reread = bd["weight_reread_bytes"]
+    reread, spill = bd["weight_reread_bytes"], bd["queue_spill_bytes"]
     assert p.dram_read_bytes >= cr * (1 - 1e-9) and p.dram_write_bytes >= cw * (1 - 1e-9)
     if all(bd["weights_resident"]) or bd["row_blocks"] == 1:
         assert reread == 0
     else:
         assert reread > 0
-    if bd["queue_spill_bytes"] == 0:
-        # no queue spill: the pipeline moves no more than BSP on the same ops once the weight
-        # re-reads are set aside (slack: the known double-charged inputs)
-        assert p.dram_bytes - reread <= b.dram_bytes * (1 + 1e-9) + slack
+    # the pipeline moves no more than BSP on the same ops, once the weight re-reads (a stage
+    # whose weights do not fit L2 sees them again for every row-block) and the spilled queue
+    # bytes are set aside; with resident weights or one row-block and no spill, no more at all
+    slack = _intra_stage_bytes(r, ch)
+    assert p.dram_bytes - reread - spill <= b.dram_bytes * (1 + 1e-9) + slack
+    if reread == 0 and spill == 0:
+        assert p.dram_bytes <= b.dram_bytes * (1 + 1e-9) + slack
+
+
+def _intra_stage_bytes(region: Region, choice: PipelineChoice) -> float:
+    """Upper bound of the DRAM traffic of tensors passed between fused groups of one stage
+    (written once, read by each group): stage_works sends them through DRAM when the resident
+    weights leave no room (known bug: test_pipeline.py::test_resident_weights_leave_room_for_
+    the_intra_stage_tiles); the slack goes once that is fixed."""
+    g = region.graph
+    total = 0.0
+    for st_ops in choice.normalized().stages:
+        groups = fusion_groups(Region.of(g, st_ops))
+        where = {o: k for k, grp in enumerate(groups) for o in grp}
+        for o in st_ops:
+            for t in g.op(o).outputs:
+                readers = {where[c] for c in g.consumers(t) if c in where and where[c] != where[o]}
+                if readers:
+                    total += g.tensors[t].nbytes * (1 + len(readers))
+    return total
 
 
 # -- compare() over the zoo and the shipped specs ------------------------------------------------

@@ -287,6 +287,7 @@ class _PipelineEnumerator:
     def __init__(self, graph: Graph, spec: HwSpec, step: int):
         self.graph, self.spec, self.step = graph, spec, step
         self.l2_dropped = 0
+        self.min_queue_bytes = math.inf
         self.evaluated = 0
         self.exact_calls = 0
 
@@ -305,6 +306,7 @@ class _PipelineEnumerator:
                 if PROBE_DEPTH * need > spec.l2_usable_bytes:
                     if need > spec.l2_usable_bytes:
                         self.l2_dropped += 1
+                        self.min_queue_bytes = min(self.min_queue_bytes, need)
                         return None
                     probe = PipelineChoice(stages, probe.sms, tile_rows, (1,) * (J - 1), modes)
                     plan = plan_stages(region, spec, probe)
@@ -539,6 +541,13 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
                    f"small for one slot per queue of any pipeline over it")
         raise InfeasibleError(f"no allowed strategy ({', '.join(strategies)}) can run op "
                               f"{atoms[i][0]!r}{why}")
+
+    if (strategies == ("pipeline",) and enum.l2_dropped
+            and not any(len(c.choice.stages) > 1 for c in cands)):
+        raise InfeasibleError(
+            f"{spec.name}'s usable L2 ({spec.l2_usable_bytes / 2**20:.2f} MiB) is too small for "
+            f"one slot per queue of any pipeline (the smallest needs "
+            f"{enum.min_queue_bytes / 2**20:.2f} MiB); allow other strategies or a larger L2")
 
     baselines: dict[str, list[int]] = {}
     for s in kernel_strats:

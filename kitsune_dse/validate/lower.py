@@ -450,6 +450,7 @@ class Ring:
     slab_off: int = 0
     buf: int = -1                                   # index in the pointer table
     plan_slot_bytes: int | None = None
+    bm: int = 128                                   # rows per slot
 
 
 @dataclass
@@ -614,7 +615,7 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
                         slot_bytes = float(q["slot_bytes"]) * slabs
                     modes[int(q["consumer"])] = q.get("mode", "row")
             depth = depth or 2
-            ring = Ring(len(rings), t, cols, st.sid, depth=depth,
+            ring = Ring(len(rings), t, cols, st.sid, depth=depth, bm=bm,
                         direct=t in reg.outputs, plan_slot_bytes=slot_bytes)
             for c in cons:
                 cstep = steps[c]
@@ -675,6 +676,13 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
                           plant_deadlock, teams)
 
 
+KSPLIT_WS_BYTES = 24 * 2**20     # fp32 partials budget of a K-split consumer (L2-resident)
+
+
+def ring_rows(ring: Ring) -> int:
+    return ring.bm
+
+
 def _choose_ksplit(st: Step, ring: Ring, workers: int, notes: list[str]) -> None:
     """A split-K consumer GEMM whose column tiles divide badly among its workers (fewer tiles
     than workers, or a last round nearly empty) splits K into ranges of whole slabs: each range's
@@ -685,7 +693,11 @@ def _choose_ksplit(st: Step, ring: Ring, workers: int, notes: list[str]) -> None
         return
     nslabs = -(-g.k // ring.slab_w)
     best, best_t = 1, float(-(-st.n_tiles // workers))
-    for s in range(2, min(32, nslabs) + 1):
+    # the partials of every row-block slot in flight must stay in L2 (measured: 201 MB of
+    # partials for 8 slots of gpt3-mlp tokens=2048 went to DRAM and made the pipeline 40% slower)
+    per_split = ring.nslots * g.nb * ring_rows(ring) * g.cols * 4
+    s_max = max(1, min(32, nslabs, KSPLIT_WS_BYTES // max(1, per_split)))
+    for s in range(2, s_max + 1):
         per = -(-nslabs // s)                       # slabs per range
         s_eff = -(-nslabs // per)
         t = -(-(st.n_tiles * s_eff) // workers) * per / nslabs   # rounds x range length

@@ -1,0 +1,48 @@
+"""calibrate's fitting half (no GPU): recovers known parameters, writes a loadable spec."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from kitsune_dse.calibrate.fit import calibrated_spec, fit_saturating, saturating
+from kitsune_dse.hw import load_spec
+from kitsune_dse.hw.spec import spec_from_dict
+
+SMS = [1, 2, 4, 8, 16, 24, 33, 48, 66, 99, 132]
+
+
+@settings(max_examples=25, deadline=None)
+@given(per_sm=st.floats(10e9, 100e9), bmax=st.floats(1e12, 8e12), p=st.floats(1.5, 6.0))
+def test_fit_recovers_the_curve_it_was_made_from(per_sm, bmax, p):
+    pts = [(s, float(saturating(s, per_sm, bmax, p))) for s in SMS]
+    f = fit_saturating(pts)
+    assert f["rms_rel_error"] < 1e-3
+    assert f["per_sm_Bps"] == pytest.approx(per_sm, rel=0.02)
+    assert f["max_Bps"] == pytest.approx(bmax, rel=0.05)
+
+
+def test_fit_of_the_h100_measurements_in_facts():
+    # FACTS.md: 4 SMs 0.15 TB/s, 16: 0.61, 33: 1.20, 66: 2.07, 99: 2.5, 132: 2.7
+    pts = [(4, 0.15e12), (16, 0.61e12), (33, 1.20e12), (66, 2.07e12), (99, 2.5e12), (132, 2.7e12)]
+    f = fit_saturating(pts)
+    assert f["max_rel_error"] < 0.03
+    assert 36e9 < f["per_sm_Bps"] < 40e9          # ~38 GB/s per SM, as measured
+
+
+def test_calibrated_spec_is_a_valid_spec_with_provenance():
+    base = load_spec("h100-sxm")
+    m = {"hbm_read": [(s, float(saturating(s, 40e9, 2.9e12, 3))) for s in SMS],
+         "l2_read": [(s, float(saturating(s, 90e9, 7.3e12, 3))) for s in SMS],
+         "fp32_flop_per_s": 51e12, "gemm_fp16": [(4096, 700e12), (8192, 760e12)],
+         "launch": {"launch_overhead_s": 5e-6, "eager_per_kernel_s": 6e-6,
+                    "graph_launch_overhead_s": 0.9e-6},
+         "sync_latency_s": 0.6e-6, "device": {"device": "NVIDIA H100 80GB HBM3", "sm_count": 132}}
+    spec, res = calibrated_spec(base, m, date="2026-11-22")
+    assert spec.efficiency.tensor_core == pytest.approx(760e12 / 989.4e12)
+    assert spec.efficiency.simt == pytest.approx(51e12 / 66.9e12)
+    assert spec.hbm_per_sm_bandwidth_Bps == pytest.approx(40e9, rel=0.02)
+    assert spec.sync_latency_s == 0.6e-6 and spec.graph_launch_overhead_s == 0.9e-6
+    assert spec.calibration is not None and res["hbm_rms_rel_error"] < 1e-3
+    again = spec_from_dict(spec.model_dump(mode="json"), "round trip")
+    assert again == spec

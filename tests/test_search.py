@@ -1,0 +1,329 @@
+"""The search layer: candidates, the CP-SAT solver and its guarantees, on small cases one can
+check by hand."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from helpers_graphs import H100, build, chain_graph, gemm_graph, mlp_graph, spec
+from kitsune_dse.cost.compare import compare
+from kitsune_dse.cost.pipeline import pipeline, plan_stages, stage_time_table
+from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.strategies import bsp, concurrent, fusion, tilesync
+from kitsune_dse.errors import InfeasibleError, KitsuneError
+from kitsune_dse.graph import load_model
+from kitsune_dse.graph.ir import Tensor
+from kitsune_dse.search import build_candidates, solve, solve_exact
+from kitsune_dse.search import solver as solver_mod
+from kitsune_dse.search.candidates import atom_chain, table_and_totals
+
+FNS = {"bsp": bsp, "fusion": fusion, "tilesync": tilesync, "concurrent": concurrent}
+
+
+def covers_once(graph, chosen):
+    ops = [o for c in chosen for o in c.ops]
+    return sorted(ops) == sorted(o.name for o in graph.ops) and len(ops) == len(set(ops))
+
+
+def in_topological_order(graph, chosen):
+    pos = {o: i for i, c in enumerate(chosen) for o in c.ops}
+    return all(pos[p] <= pos[o] for o in pos for p in graph.preds(o))
+
+
+@pytest.fixture(scope="module")
+def gemm_softmax():
+    # h = x @ w is 8192 x 8192 fp16 = 128 MiB, more than the usable L2 (37.5 MiB); the softmax
+    # over 8192 columns cannot join the GEMM's epilogue (a CTA tile is at most 256 columns), so
+    # bsp and fusion both write h to DRAM and read it back. A two-stage pipeline streams h by
+    # row-blocks through L2 and saves those 2 x 128 MiB.
+    return gemm_graph(8192, 8192, 1024, epilogue="softmax")
+
+
+@pytest.fixture(scope="module")
+def gemm_softmax_cands(gemm_softmax):
+    return build_candidates(gemm_softmax, H100)
+
+
+# -- candidates ------------------------------------------------------------------------------------
+def test_atoms_are_fused_groups_in_topological_order():
+    g = load_model("bert-base-encoder")
+    atoms, segs = atom_chain(g)
+    assert sorted(o for a in atoms for o in a) == sorted(o.name for o in g.ops)
+    where = {o: i for i, a in enumerate(atoms) for o in a}
+    assert all(where[p] <= where[o] for o in where for p in g.preds(o))
+    assert segs == sorted(segs)
+
+
+def test_every_window_gets_the_four_kernel_strategies_with_cost_layer_numbers():
+    g = mlp_graph(2048, 1024, 4096)
+    cs = build_candidates(g, H100)
+    n = len(cs.atoms)
+    spans = cs.by_span()
+    assert set(spans) == {(lo, hi) for lo in range(n) for hi in range(lo + 1, n + 1)}
+    for span, cands in spans.items():
+        strategies = [c.strategy for c in cands]
+        assert strategies[:4] == ["bsp", "fusion", "tilesync", "concurrent"]
+        for c in cands[:4]:
+            e = FNS[c.strategy](Region.of(g, c.ops), H100)
+            assert c.estimate.latency_s == e.latency_s and c.estimate.dram_bytes == e.dram_bytes
+    for c in cs.candidates:
+        assert list(c.ops) == sorted(c.ops, key=g.index)
+
+
+def test_pipeline_candidates_carry_their_tables_and_exact_estimates(gemm_softmax, gemm_softmax_cands):
+    pipes = [c for c in gemm_softmax_cands.candidates if c.strategy == "pipeline"]
+    assert pipes
+    for c in pipes:
+        J = len(c.choice.stages)
+        assert c.stage_tables.shape == (J, H100.sm_count + 1)
+        region = Region.of(gemm_softmax, c.ops)
+        assert c.estimate == pipeline(region, H100, c.choice)
+        plan = plan_stages(region, H100, c.choice)
+        assert c.units == plan.row_blocks * plan.slabs
+        assert len(c.slot_bytes) == J - 1
+
+
+def test_table_and_totals_is_stage_time_table(gemm_softmax, gemm_softmax_cands):
+    for c in gemm_softmax_cands.candidates:
+        if c.strategy != "pipeline":
+            continue
+        region = Region.of(gemm_softmax, c.ops)
+        plan = plan_stages(region, H100, c.choice)
+        tab, totals = table_and_totals(region, H100, plan)
+        np.testing.assert_array_equal(tab, stage_time_table(region, H100, plan))
+        assert totals["dram_read_bytes"] + totals["dram_write_bytes"] == pytest.approx(
+            pipeline(region, H100, c.choice).dram_bytes)
+
+
+def repeated_layers(n_layers: int, rows=2048, width=1024):
+    ts = [Tensor("x0", (rows, width), "fp16")]
+    ops, ws = [], []
+    for i in range(n_layers):
+        ts.append(Tensor(f"w{i}", (width, width), "fp16"))
+        ws.append(f"w{i}")
+        ops.append((f"mm{i}", "matmul", (f"x{i}" if i == 0 else f"r{i - 1}", f"w{i}"), (f"h{i}",)))
+        ops.append((f"act{i}", "relu", (f"h{i}",), (f"r{i}",)))
+    return build("layers", ts, ops, ["x0"], ws)
+
+
+def test_identical_layers_are_costed_once_and_renamed():
+    g = repeated_layers(6)
+    cs = build_candidates(g, H100, max_window=3)
+    assert cs.stats["window_cache_hits"] > 0
+    for c in cs.candidates:
+        region = Region.of(g, c.ops)
+        if c.strategy == "pipeline":
+            assert {o for st in c.choice.stages for o in st} == set(c.ops)
+            e = pipeline(region, H100, c.choice)
+        else:
+            e = FNS[c.strategy](region, H100)
+        assert c.estimate.latency_s == pytest.approx(e.latency_s, rel=1e-12)
+        assert c.estimate.dram_bytes == pytest.approx(e.dram_bytes, rel=1e-12)
+        for k in c.estimate.breakdown.get("kernels", []):       # names are the copy's own
+            assert set(k["kernel"].split("+")) <= set(c.ops)
+
+
+@pytest.mark.parametrize("model", ["bert-base-attention", "gpt3-mlp", "resnet50-bottleneck"])
+def test_baselines_are_compares_whole_model_strategies(model):
+    g = load_model(model)
+    cs = build_candidates(g, H100)
+    whole = compare(g, H100)
+    for s, (lat, _) in cs.baseline_estimates().items():
+        assert lat == pytest.approx(whole[s].latency_s, rel=1e-9), s
+    res = solve(cs)
+    assert res.latency_s <= min(whole[s].latency_s for s in cs.baselines) * (1 + 1e-9)
+
+
+# -- hand-checkable plans ------------------------------------------------------------------------
+def test_two_op_chain_fuses():
+    # relu -> relu over 8192 x 4096 fp16 (64 MiB per tensor): bsp writes and re-reads the 64 MiB
+    # intermediate (it does not fit the 37.5 MiB usable L2) and launches twice; fusion reads x
+    # and writes y once: half the DRAM bytes and about half the time.
+    g = chain_graph(8192, 4096, ("relu", "relu"))
+    cs = build_candidates(g, H100, strategies=("bsp", "fusion"))
+    res = solve(cs)
+    assert [c.strategy for c in res.chosen] == ["fusion"]
+    assert res.chosen[0].ops == ("op0", "op1")
+    assert res.dram_bytes == pytest.approx(2 * 8192 * 4096 * 2)
+    b = bsp(Region.of(g), H100)
+    assert res.latency_s < 0.6 * b.latency_s and b.dram_bytes == pytest.approx(2 * res.dram_bytes)
+    # with every strategy allowed, nothing beats the fused kernel's one read and one write
+    res_all = solve(build_candidates(g, H100))
+    assert res_all.latency_s == pytest.approx(res.latency_s)
+    assert res_all.dram_bytes == pytest.approx(res.dram_bytes)
+
+
+def test_pipeline_wins_when_the_intermediate_does_not_fit_l2(gemm_softmax, gemm_softmax_cands):
+    res = solve(gemm_softmax_cands)
+    assert [c.strategy for c in res.chosen] == ["pipeline"]
+    (c,) = res.chosen
+    assert c.choice.stages == (("mm",), ("epi",))
+    assert sum(c.choice.sms) <= H100.sm_count
+    h_bytes = 8192 * 8192 * 2
+    f = fusion(Region.of(gemm_softmax), H100)
+    # h never reaches DRAM; what the pipeline pays instead is re-reading w when the queue
+    # slots leave no room for it in L2
+    reread = c.estimate.breakdown["weight_reread_bytes"]
+    assert res.dram_bytes == pytest.approx(f.dram_bytes - 2 * h_bytes + reread)
+    assert res.dram_bytes < f.dram_bytes
+    assert res.latency_s < min(FNS[s](Region.of(gemm_softmax), H100).latency_s for s in FNS)
+    # the estimate is the exact queue model at the solver's SMs and depths
+    assert c.estimate == pipeline(Region.of(gemm_softmax), H100, c.choice)
+    assert res.latency_s == pytest.approx(c.estimate.latency_s)
+
+
+def test_model_latency_matches_the_exact_queue_model(gemm_softmax_cands):
+    res = solve(gemm_softmax_cands)
+    # closed form with adequate queues vs the max-plus simulation: within the ns rounding
+    assert res.model_latency_s == pytest.approx(res.latency_s, rel=1e-3)
+
+
+def test_same_inputs_give_the_same_plan():
+    g = load_model("bert-base-attention")
+    a = solve(build_candidates(g, H100), alternatives=2)
+    b = solve(build_candidates(g, H100), alternatives=2)
+    assert a.plan_key() == b.plan_key()
+    assert [x.plan_key() for x in a.alternatives] == [x.plan_key() for x in b.alternatives]
+    assert (a.latency_s, a.dram_bytes) == (b.latency_s, b.dram_bytes)
+
+
+def test_sm_granularity_8_gives_multiples_of_8(gemm_softmax):
+    cs = build_candidates(gemm_softmax, H100, sm_granularity=8)
+    res = solve(cs, sm_granularity=8)
+    pipes = [c for c in res.chosen if c.strategy == "pipeline"]
+    assert pipes and any(len(c.choice.stages) > 1 for c in pipes)
+    for c in pipes:
+        assert all(s % 8 == 0 for s in c.choice.sms), c.choice.sms
+        assert sum(c.choice.sms) <= H100.sm_count
+    for c in cs.candidates:
+        if c.strategy == "pipeline" and len(c.choice.stages) > 1:
+            assert all(s % 8 == 0 for s in c.choice.sms)
+    # granularity given only to solve() applies too
+    res2 = solve(build_candidates(gemm_softmax, H100), sm_granularity=8)
+    for c in res2.chosen:
+        if c.strategy == "pipeline" and len(c.choice.stages) > 1:
+            assert all(s % 8 == 0 for s in c.choice.sms)
+
+
+@pytest.mark.parametrize("g", [0, -8, 200, 133])
+def test_infeasible_granularity_raises(g):
+    graph = chain_graph(1024, 1024)
+    with pytest.raises(InfeasibleError) as e:
+        build_candidates(graph, H100, sm_granularity=g)
+    if g > 132:
+        assert str(e.value) == f"--sm-granularity {g} is larger than test-h100's 132 SMs"
+    cs = build_candidates(graph, H100)
+    with pytest.raises(InfeasibleError):
+        solve(cs, sm_granularity=g)
+    with pytest.raises(InfeasibleError):
+        solve_exact(cs, sm_granularity=g)
+
+
+def test_bad_objective_and_strategy_are_one_line_errors():
+    g = chain_graph(1024, 1024)
+    with pytest.raises(KitsuneError, match="objective"):
+        solve(build_candidates(g, H100), objective="speed")
+    with pytest.raises(KitsuneError, match="did you mean 'fusion'"):
+        build_candidates(g, H100, strategies=("fuson",))
+
+
+def test_forced_pipelines_with_no_room_for_a_queue_slot_raise():
+    # a 1 MiB L2 (0.75 MiB usable) cannot hold one 64-row slot of a 16384-column fp16 tensor
+    # (2 MiB): every multi-stage pipeline is dropped
+    tiny = spec(l2_bytes=1024 * 1024)
+    g = chain_graph(4096, 16384, ("relu", "softmax", "relu"))
+    cs = build_candidates(g, tiny)           # with every strategy: pipelines are just dropped
+    assert solve(cs).chosen
+    assert not any(c.strategy == "pipeline" and len(c.choice.stages) > 1 for c in cs.candidates)
+    with pytest.raises(InfeasibleError, match="too small for one slot per queue"):
+        build_candidates(g, tiny, strategies=("pipeline",))
+
+
+def test_traffic_objective_picks_the_fewest_dram_bytes():
+    g = load_model("bert-base-attention")
+    cs = build_candidates(g, H100)
+    t = solve(cs, objective="traffic")
+    lat = solve(cs, objective="latency")
+    ex = solve_exact(cs, objective="traffic")
+    assert t.model_dram_bytes == ex.model_dram_bytes
+    assert t.dram_bytes <= lat.dram_bytes * (1 + 1e-12)
+    assert t.dram_bytes <= min(b for _, b in cs.baseline_estimates().values()) * (1 + 1e-12)
+    # no single candidate cover with fewer (additive) bytes than the model's optimum
+    assert t.model_dram_bytes <= sum(
+        min(c.estimate.dram_bytes for c in cs.candidates if c.span == (i, i + 1))
+        for i in range(len(cs.atoms))) + 1024 * len(cs.atoms)
+
+
+def test_pareto_plans_are_mutually_non_dominated():
+    g = load_model("bert-base-attention")
+    res = solve(build_candidates(g, H100), objective="pareto", time_limit_s=20)
+    front = res.pareto
+    assert len(front) >= 2
+    lats = [p.latency_s for p in front]
+    assert lats == sorted(lats)
+    for i, a in enumerate(front):
+        assert covers_once(g, a.chosen) and in_topological_order(g, a.chosen)
+        for j, b in enumerate(front):
+            if i != j:
+                assert not (b.latency_s <= a.latency_s and b.dram_bytes <= a.dram_bytes)
+    assert res.latency_s == front[0].latency_s
+    # the front's extremes: the fastest plan and the plan with the fewest bytes
+    assert front[0].latency_s <= solve(build_candidates(g, H100)).latency_s * (1 + 1e-9)
+
+
+def test_alternatives_are_distinct_and_ranked():
+    g = load_model("attention-head")
+    res = solve(build_candidates(g, H100), alternatives=4)
+    alts = res.alternatives
+    assert len(alts) == 4
+    keys = [res.plan_key()] + [a.plan_key() for a in alts]
+    assert len(set(keys)) == len(keys)
+    model = [a.model_latency_s for a in alts]
+    assert model == sorted(model)
+    assert model[0] >= res.model_latency_s - 1e-12 or res.source != "cp-sat"
+    for a in alts:
+        assert covers_once(g, a.chosen)
+
+
+def test_plan_covers_every_op_once_in_order_and_beats_whole_model_strategies():
+    for m in ("bert-base-encoder", "llama2-7b-mlp", "mixtral-moe-ffn"):
+        g = load_model(m)
+        cs = build_candidates(g, H100)
+        res = solve(cs)
+        assert covers_once(g, res.chosen) and in_topological_order(g, res.chosen)
+        assert res.status in ("OPTIMAL", "FEASIBLE") and 0 <= res.gap <= 1
+        best = min(lat for lat, _ in cs.baseline_estimates().values())
+        assert res.latency_s <= best * (1 + 1e-9), m
+        assert res.latency_s == pytest.approx(sum(c.estimate.latency_s for c in res.chosen))
+
+
+def test_sm_booleans_and_presolved_pipelines_agree(monkeypatch):
+    g = load_model("attention-head")
+    cs = build_candidates(g, H100)
+    a = solve(cs)
+    assert a.stats["sm_booleans"] > 0
+    monkeypatch.setattr(solver_mod, "SM_BOOL_LIMIT", 0)
+    b = solve(cs)
+    assert b.stats["pipelines_presolved"]
+    assert a.model_latency_s == b.model_latency_s and a.model_dram_bytes == b.model_dram_bytes
+
+
+def test_exact_oracle_methods_agree_with_the_solver_on_a_zoo_model():
+    g = load_model("gpt3-mlp")
+    cs = build_candidates(g, H100)
+    r = solve(cs)
+    for method in ("dp", "brute-force"):
+        e = solve_exact(cs, method=method)
+        assert e.model_latency_s == r.model_latency_s
+        assert e.model_dram_bytes == r.model_dram_bytes
+
+
+def test_time_limit_is_honoured():
+    g = load_model("llama2-7b-prefill")
+    cs = build_candidates(g, H100)
+    res = solve(cs, time_limit_s=0.5)
+    assert res.wall_s < 3.0
+    assert covers_once(g, res.chosen)
+    assert not math.isnan(res.latency_s)
