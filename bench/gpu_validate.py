@@ -11,7 +11,12 @@
 4. a planted deadlock (a consumer waiting for a sub-tile nobody produces) must come back as a
    timeout error -> deadlock.txt;
 5. optionally the GPU pytest file and the ncu DRAM-bytes pass;
-then prints the tables last. Kernels precompiled by bench/precompile.py are used when present.
+then prints the tables last. Kernels precompiled by bench/precompile.py are used when present
+(bench/.cubin_cache is git-ignored: name it in the device run's `carry`).
+
+Typical session: here `python bench/precompile.py`, then on the device machine
+`python3 bench/gpu_validate.py --runs 30 --pytest --ncu-all` with carry=["bench/.cubin_cache"];
+copy $OUT to results/validation/h100/.
 """
 from __future__ import annotations
 

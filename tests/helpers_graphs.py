@@ -174,8 +174,10 @@ def spec_variants(draw) -> HwSpec:
     tens = draw(st.floats(0.2, 3.0))
     simt = draw(st.floats(0.2, 3.0))
     return spec(sm_count=sms,
-                tensor_peak_flop_per_s={k: v * f * tens for k, v in H100.tensor_peak_flop_per_s.items()},
-                simt_peak_flop_per_s={k: v * f * simt for k, v in H100.simt_peak_flop_per_s.items()},
+                tensor_peak_flop_per_s={k: v * f * tens
+                                        for k, v in H100.tensor_peak_flop_per_s.items()},
+                simt_peak_flop_per_s={k: v * f * simt
+                                      for k, v in H100.simt_peak_flop_per_s.items()},
                 hbm_bandwidth_Bps=draw(st.floats(0.5e12, 8e12)),
                 hbm_per_sm_bandwidth_Bps=draw(st.floats(10e9, 80e9)),
                 l2_bytes=draw(st.sampled_from((4, 6, 40, 50, 72, 126))) * MiB,
@@ -210,4 +212,5 @@ def ceil_div(a: int, b: int) -> int:
 
 __all__ = ["H100", "L2_USABLE", "MiB", "spec", "hbm_curve", "build", "chain_graph", "gemm_graph",
            "mlp_graph", "two_gemms_graph", "full_dep_graph", "gather_graph", "small_graphs",
-           "spec_variants", "describe", "examples", "scale_sms", "scale_flops", "scale_bandwidth", "ceil_div", "math"]
+           "spec_variants", "describe", "examples", "scale_sms", "scale_flops", "scale_bandwidth",
+           "ceil_div", "math"]

@@ -13,9 +13,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, note, settings
 from hypothesis import strategies as st
 
-from helpers_graphs import (H100, MiB, build, describe, examples, spec, scale_bandwidth, scale_flops, scale_sms, small_graphs,
-                            spec_variants)
-from kitsune_dse.cost.compare import best_pipeline, compare, compare_rows, whole_model_pipeline
+from helpers_graphs import (H100, MiB, build, describe, examples, scale_bandwidth, scale_flops,
+                            scale_sms, small_graphs, spec, spec_variants)
+from kitsune_dse.cost.compare import best_pipeline, compare, compare_rows
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages
 from kitsune_dse.cost.region import Region
@@ -100,7 +100,7 @@ def _lat(est: Estimate) -> float:
 
 
 # -- every estimate is well formed ---------------------------------------------------------------
-@settings(max_examples=examples(40), **SETTINGS)
+@settings(max_examples=examples(100), **SETTINGS)
 @given(g=small_graphs(), hw=spec_variants(), data=st.data())
 def test_no_estimate_field_is_negative_or_nan(g, hw, data):
     note(describe(g))
@@ -120,7 +120,7 @@ def test_no_estimate_field_is_negative_or_nan(g, hw, data):
 
 
 # -- monotonicity: faster hardware never makes a plan slower --------------------------------------
-@settings(max_examples=examples(60), **SETTINGS)
+@settings(max_examples=examples(150), **SETTINGS)
 @given(g=small_graphs(), hw=spec_variants(), data=st.data())
 def test_faster_hardware_never_increases_strategy_latency(g, hw, data):
     note(describe(g))
@@ -133,7 +133,7 @@ def test_faster_hardware_never_increases_strategy_latency(g, hw, data):
         assert fast <= slow * (1 + REL), f"{name}: {kind} up, latency {slow} -> {fast}"
 
 
-@settings(max_examples=examples(60), **SETTINGS)
+@settings(max_examples=examples(150), **SETTINGS)
 @given(g=small_graphs(), hw=spec_variants(), data=st.data())
 def test_faster_hardware_never_increases_a_fixed_pipeline_latency(g, hw, data):
     note(describe(g))
@@ -153,7 +153,7 @@ def _three_gemms_on_x():
 SEARCH_REL = 1e-3
 
 
-@settings(max_examples=examples(12), **SETTINGS)
+@settings(max_examples=examples(30), **SETTINGS)
 @given(g=small_graphs(max_ops=3), hw=spec_variants(), kind=st.sampled_from(KINDS),
        factor=st.floats(1.0, 4.0), extra=st.integers(1, 64))
 @example(g=_three_gemms_on_x(),
@@ -180,7 +180,7 @@ def test_faster_hardware_never_increases_the_best_pipeline_latency(g, hw, kind, 
 
 
 # -- orderings between strategies -----------------------------------------------------------------
-@settings(max_examples=examples(40), **SETTINGS)
+@settings(max_examples=examples(100), **SETTINGS)
 @given(g=small_graphs(), hw=spec_variants())
 def test_tilesync_lies_between_the_dram_floor_and_fusion(g, hw):
     note(describe(g))
@@ -192,7 +192,7 @@ def test_tilesync_lies_between_the_dram_floor_and_fusion(g, hw):
     assert t.dram_bytes == f.dram_bytes
 
 
-@settings(max_examples=examples(60), **SETTINGS)
+@settings(max_examples=examples(150), **SETTINGS)
 @given(g=small_graphs(), hw=spec_variants(), data=st.data())
 def test_pipeline_dram_vs_bsp_dram(g, hw, data):
     note(describe(g))

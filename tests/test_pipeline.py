@@ -4,8 +4,6 @@ graph node 0.8 us, hand-off 0.56 us, HBM B(s) = ((38e9 s)^-3 + (2.9145e12)^-3)^(
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pytest
 
@@ -29,7 +27,8 @@ def ffn_graph(tokens, hidden, ffn, out=None, dtype="fp16"):
     out = out or hidden
     t = [Tensor("x", (tokens, hidden), dtype), Tensor("w1", (hidden, ffn), dtype),
          Tensor("w2", (ffn, out), dtype)]
-    return build("ffn", t, [("fc1", "matmul", ("x", "w1"), ("h",)), ("gelu", "gelu", ("h",), ("a",)),
+    return build("ffn", t, [("fc1", "matmul", ("x", "w1"), ("h",)),
+                            ("gelu", "gelu", ("h",), ("a",)),
                             ("fc2", "matmul", ("a", "w2"), ("y",))], ["x"], ["w1", "w2"])
 
 
@@ -132,7 +131,7 @@ def test_two_memory_bound_stages_by_hand():
     # on 66 + 66 SMs the stages together would pull 2 x B(66) > B(132): the chip's DRAM binds
     e = pipeline(r, H100, PipelineChoice((("op0",), ("op1",)), (66, 66), 256, (8,)))
     assert e.latency_s == pytest.approx(32 * MiB / hbm_curve(132) + 0.8e-6, rel=1e-9)
-    assert e.breakdown["makespan_s"] < e.breakdown["dram_bound_s"]
+    assert e.breakdown["makespan_s"] <= e.breakdown["dram_bound_s"]
 
 
 def test_pipeline_latency_is_the_queue_model_of_its_stage_times():
@@ -318,7 +317,8 @@ def test_resident_weights_leave_room_for_the_intra_stage_tiles():
     # usable L2 = 4 MiB * 0.75 = 3 MiB; weights w0 (1 MiB) + w2 (2 MiB) = 3 MiB; N = 4
     t = [Tensor("x", (256, 4096), "fp32"), Tensor("w0", (4096, 64), "fp32"),
          Tensor("w2", (64, 8192), "fp32")]
-    g = build("tight", t, [("mm0", "matmul", ("x", "w0"), ("t0",)), ("u1", "relu", ("t0",), ("t1",)),
+    g = build("tight", t, [("mm0", "matmul", ("x", "w0"), ("t0",)),
+                           ("u1", "relu", ("t0",), ("t1",)),
                            ("mm2", "matmul", ("t0", "w2"), ("t2",))], ["x"], ["w0", "w2"])
     from helpers_graphs import spec
     hw = spec(sm_count=8, hbm_bandwidth_Bps=0.5e12, hbm_per_sm_bandwidth_Bps=10e9, l2_bytes=4 * MiB)

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers_graphs import examples, H100, MiB, chain_graph, gemm_graph, hbm_curve, spec
+from helpers_graphs import H100, MiB, chain_graph, examples, gemm_graph, hbm_curve, spec
 from kitsune_dse.cost.region import Region, kernel_works
 from kitsune_dse.cost.roofline import (GEMM_TILES, KernelWork, best_gemm_tile, gemm_tiles,
                                        kernel_time, split_k_partials_bytes)

@@ -194,8 +194,11 @@ def test_sm_granularity_8_gives_multiples_of_8(gemm_softmax):
     res = solve(cs, sm_granularity=8)
     pipes = [c for c in res.chosen if c.strategy == "pipeline"]
     assert pipes and any(len(c.choice.stages) > 1 for c in pipes)
+
+    def ok(c):       # a single stage partitions nothing and may take the whole GPU
+        return all(s % 8 == 0 for s in c.choice.sms) or c.choice.sms == (H100.sm_count,)
     for c in pipes:
-        assert all(s % 8 == 0 for s in c.choice.sms), c.choice.sms
+        assert ok(c), c.choice.sms
         assert sum(c.choice.sms) <= H100.sm_count
     for c in cs.candidates:
         if c.strategy == "pipeline" and len(c.choice.stages) > 1:
@@ -203,8 +206,8 @@ def test_sm_granularity_8_gives_multiples_of_8(gemm_softmax):
     # granularity given only to solve() applies too
     res2 = solve(build_candidates(gemm_softmax, H100), sm_granularity=8)
     for c in res2.chosen:
-        if c.strategy == "pipeline" and len(c.choice.stages) > 1:
-            assert all(s % 8 == 0 for s in c.choice.sms)
+        if c.strategy == "pipeline":
+            assert ok(c), c.choice.sms
 
 
 @pytest.mark.parametrize("g", [0, -8, 200, 133])
@@ -230,13 +233,18 @@ def test_bad_objective_and_strategy_are_one_line_errors():
 
 
 def test_forced_pipelines_with_no_room_for_a_queue_slot_raise():
-    # a 1 MiB L2 (0.75 MiB usable) cannot hold one 64-row slot of a 16384-column fp16 tensor
-    # (2 MiB): every multi-stage pipeline is dropped
+    # a 1 MiB L2 (0.75 MiB usable) cannot hold one 64-row slot of the GEMM's 16384-column fp16
+    # output (2 MiB): no two-stage pipeline fits
     tiny = spec(l2_bytes=1024 * 1024)
-    g = chain_graph(4096, 16384, ("relu", "softmax", "relu"))
-    cs = build_candidates(g, tiny)           # with every strategy: pipelines are just dropped
-    assert solve(cs).chosen
-    assert not any(c.strategy == "pipeline" and len(c.choice.stages) > 1 for c in cs.candidates)
+    g = gemm_graph(4096, 16384, 1024, epilogue="softmax")
+    cs = build_candidates(g, tiny)           # with every strategy: the model drops them
+    items = solver_mod.model_items(cs, 1)
+    assert items and all(it.pm is None or it.pm.J == 1 for it in items)
+    res = solve(cs)
+    assert covers_once(g, res.chosen)
+    for c in res.chosen:      # only compare()'s own spilling pipelines may remain, spill priced
+        if c.strategy == "pipeline" and len(c.choice.stages) > 1:
+            assert c.estimate.breakdown["queue_spill_bytes"] > 0
     with pytest.raises(InfeasibleError, match="too small for one slot per queue"):
         build_candidates(g, tiny, strategies=("pipeline",))
 
@@ -257,7 +265,8 @@ def test_traffic_objective_picks_the_fewest_dram_bytes():
 
 
 def test_pareto_plans_are_mutually_non_dominated():
-    g = load_model("bert-base-attention")
+    # GPT-3's MLP: fusion, tile sync and pipelines trade a little latency for DRAM bytes
+    g = load_model("gpt3-mlp")
     res = solve(build_candidates(g, H100), objective="pareto", time_limit_s=20)
     front = res.pareto
     assert len(front) >= 2
@@ -270,7 +279,9 @@ def test_pareto_plans_are_mutually_non_dominated():
                 assert not (b.latency_s <= a.latency_s and b.dram_bytes <= a.dram_bytes)
     assert res.latency_s == front[0].latency_s
     # the front's extremes: the fastest plan and the plan with the fewest bytes
-    assert front[0].latency_s <= solve(build_candidates(g, H100)).latency_s * (1 + 1e-9)
+    cs = build_candidates(g, H100)
+    assert front[0].latency_s <= solve(cs).latency_s * (1 + 1e-9)
+    assert front[-1].dram_bytes <= solve(cs, objective="traffic").dram_bytes * (1 + 1e-9)
 
 
 def test_alternatives_are_distinct_and_ranked():

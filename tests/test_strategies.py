@@ -73,7 +73,8 @@ def test_bsp_eager_tiny_kernels_are_launch_bound():
 
 # -- fusion --------------------------------------------------------------------------------------
 def test_gpt3_mlp_fusion_groups():
-    assert fusion_groups(Region.of(load_model("gpt3-mlp"))) == [("fc1", "gelu"), ("fc2", "residual")]
+    assert fusion_groups(Region.of(load_model("gpt3-mlp"))) == [("fc1", "gelu"),
+                                                                ("fc2", "residual")]
     assert fusion_groups(Region.of(mlp_graph(64, 256, 1024))) == [("fc1", "gelu"),
                                                                   ("fc2", "residual")]
 
@@ -162,7 +163,8 @@ def test_tilesync_removes_the_last_wave_tail_by_hand():
     assert e.latency_s < fusion(r, H100).latency_s - (t0 - fluid) / 2
 
 
-@pytest.mark.parametrize("graph", [full_dep_graph(2048, 2048, 2048), gather_graph(50000, 1024, 4096),
+@pytest.mark.parametrize("graph", [full_dep_graph(2048, 2048, 2048),
+                                   gather_graph(50000, 1024, 4096),
                                    full_dep_graph(128, 64, 4096)],
                          ids=["full-gemm-B", "gather", "full-small"])
 def test_tilesync_equals_fusion_when_tiles_cannot_stream(graph):
@@ -217,8 +219,9 @@ def test_split_sms_matches_brute_force(k, total, step, data):
     tabs = [np.array([INF] + data.draw(st.lists(st.floats(0.1, 100), min_size=total,
                                                 max_size=total))) for _ in range(k)]
     allowed = range(step, total + 1, step)
-    best = min((max(t[s] for t, s in zip(tabs, split)) for split in itertools.product(allowed, repeat=k)
-                if sum(split) <= total), default=INF)
+    best = min((max(t[s] for t, s in zip(tabs, split))
+                for split in itertools.product(allowed, repeat=k) if sum(split) <= total),
+               default=INF)
     T, split = split_sms(tabs, total, step)
     assert T == pytest.approx(best)
     if split:
@@ -276,7 +279,8 @@ def test_tilesync_is_not_slower_on_a_gpu_with_twice_the_flops():
     # softmax+relu over x [64, 1024] fp32 (16 tiles, 2 CTAs/SM: fill 16/62 on 31 SMs) streams
     # into a 4-tile GEMM that is compute-bound at 1x and memory-bound at 2x FLOP/s
     t = [Tensor("x", (64, 1024), "fp32")] + [Tensor(f"w{i}", (1024, 64), "fp32") for i in (1, 3, 4)]
-    g = build("flip", t, [("r0", "softmax", ("x",), ("t0",)), ("mm1", "matmul", ("t0", "w1"), ("t1",)),
+    g = build("flip", t, [("r0", "softmax", ("x",), ("t0",)),
+                          ("mm1", "matmul", ("t0", "w1"), ("t1",)),
                           ("u2", "relu", ("t0",), ("t2",)), ("mm3", "matmul", ("x", "w3"), ("t3",)),
                           ("mm4", "matmul", ("x", "w4"), ("t4",))], ["x"], ["w1", "w3", "w4"])
     base = spec(sm_count=31, tensor_peak_flop_per_s={"fp16": 232.36e12},

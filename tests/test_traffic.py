@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 
-from helpers_graphs import (examples, H100, L2_USABLE, MiB, build, chain_graph, gemm_graph, mlp_graph,
-                            small_graphs)
+from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, examples, gemm_graph,
+                            mlp_graph, small_graphs)
 from kitsune_dse.cost.region import Region, kernel_works
 from kitsune_dse.cost.roofline import split_k_partials_bytes
 from kitsune_dse.cost.strategies import bsp, bsp_groups, fusion, fusion_groups
@@ -131,7 +131,8 @@ def test_a_small_hand_off_between_regions_stays_in_l2():
         ("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 0.0, 8.0)]
     assert traffic(kernel_works(second, bsp_groups(second), H100)) == [("op2", 0.0, 8.0, 8.0)]
     # the two regions together move what the whole chain moves as one region
-    total = sum(w.dram_bytes for reg in (first, second) for w in kernel_works(reg, bsp_groups(reg), H100))
+    total = sum(w.dram_bytes for reg in (first, second)
+                for w in kernel_works(reg, bsp_groups(reg), H100))
     assert total == sum(w.dram_bytes for w in bsp_works(g)) == 16 * MiB
 
 
@@ -173,7 +174,7 @@ def test_gpt3_mlp_bsp_traffic_by_hand():
     assert e.dram_write_bytes == a + y
 
 
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(g=small_graphs())
 def test_bsp_and_fusion_move_at_least_the_compulsory_bytes(g):
     r = Region.of(g)
@@ -186,7 +187,7 @@ def test_bsp_and_fusion_move_at_least_the_compulsory_bytes(g):
         assert min(w.dram_read_bytes, w.dram_write_bytes, w.l2_bytes) >= 0
 
 
-@settings(max_examples=examples(40), deadline=None)
+@settings(max_examples=examples(80), deadline=None)
 @given(g=small_graphs())
 def test_fusion_never_moves_more_dram_bytes_than_bsp(g):
     r = Region.of(g)

@@ -47,7 +47,7 @@ from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipelin
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table,
                                        stage_unit_time, stage_works)
-from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.strategies import (STRATEGIES, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
 from kitsune_dse.errors import InfeasibleError, KitsuneError, closest
@@ -181,9 +181,13 @@ def atom_chain(graph: Graph) -> tuple[list[tuple[str, ...]], list[int]]:
 
 
 # -- structural signature and renaming --------------------------------------------------------
-def window_signature(graph: Graph, ops: tuple[str, ...], outputs: frozenset[str]):
+def window_signature(region: Region, spec: HwSpec):
     """What the cost of a region depends on, without names: two windows with equal signatures
-    get equal estimates. Also returns the op and tensor names in signature order."""
+    get equal estimates (op kinds, attrs, shapes, dtypes, which inputs are weights, graph inputs
+    or come from inside, which outputs leave the region, which hand-offs stay in L2). Also
+    returns the op and tensor names in signature order."""
+    graph, ops = region.graph, region.ops
+    outputs = frozenset(region.outputs)
     local = {o: i for i, o in enumerate(ops)}
     ext: dict[str, int] = {}
     parts = []
@@ -200,11 +204,13 @@ def window_signature(graph: Graph, ops: tuple[str, ...], outputs: frozenset[str]
                     ext[t] = len(ext)
                     tnames.append(t)
                 tt = graph.tensors[t]
-                ins.append((1, ext[t], tt.shape, tt.dtype, t in graph.weights, p is None))
+                ins.append((1, ext[t], tt.shape, tt.dtype, t in graph.weights, p is None,
+                            handed_over(region, spec, t)))
         outs = []
         for t in op.outputs:
             tt = graph.tensors[t]
-            outs.append((tt.shape, tt.dtype, t in outputs, t in graph.outputs))
+            outs.append((tt.shape, tt.dtype, t in outputs, t in graph.outputs,
+                         t in outputs and handed_over(region, spec, t)))
             tnames.append(t)
         attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
         parts.append((op.kind, attrs, tuple(ins), tuple(outs)))
@@ -319,7 +325,12 @@ class _PipelineEnumerator:
             _, split = split_sms([tab[j] for j in range(J)], S, g)
             if not split:
                 return None
-            sms = tuple(int(s) for s in split)
+            # as cost.compare.balance_sms: SMs left over go to the slowest stage, step by step
+            split = [int(s) for s in split]
+            while sum(split) + g <= S:
+                j = max(range(J), key=lambda k: (tab[k][split[k]], -k))
+                split[j] += g
+            sms = tuple(split)
         self.evaluated += 1
         units = plan.row_blocks * plan.slabs
         T = [float(tab[j][s]) for j, s in enumerate(sms)]
@@ -485,7 +496,7 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
     for wi, (lo, hi) in enumerate(windows):
         ops = tuple(sorted((o for a in atoms[lo:hi] for o in a), key=graph.index))
         region = Region.of(graph, ops)
-        sig, names = window_signature(graph, ops, frozenset(region.outputs))
+        sig, names = window_signature(region, spec)
         full = (lo, hi) in full_pipe
         do_pipe = (want_pipe and seg_of[lo] == seg_of[hi - 1]
                    and (full or hi - lo <= min(max_window, MAX_PIPELINE_ATOMS)))
@@ -542,12 +553,14 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
         raise InfeasibleError(f"no allowed strategy ({', '.join(strategies)}) can run op "
                               f"{atoms[i][0]!r}{why}")
 
-    if (strategies == ("pipeline",) and enum.l2_dropped
-            and not any(len(c.choice.stages) > 1 for c in cands)):
+    multi = [c for c in cands if c.strategy == "pipeline" and len(c.choice.stages) > 1]
+    if (strategies == ("pipeline",) and (enum.l2_dropped or multi)
+            and not any(sum(c.slot_bytes) <= spec.l2_usable_bytes for c in multi)):
+        need = min([enum.min_queue_bytes] + [sum(c.slot_bytes) for c in multi])
         raise InfeasibleError(
             f"{spec.name}'s usable L2 ({spec.l2_usable_bytes / 2**20:.2f} MiB) is too small for "
-            f"one slot per queue of any pipeline (the smallest needs "
-            f"{enum.min_queue_bytes / 2**20:.2f} MiB); allow other strategies or a larger L2")
+            f"one slot per queue of any pipeline (the smallest needs {need / 2**20:.2f} MiB); "
+            f"allow other strategies or a larger L2")
 
     baselines: dict[str, list[int]] = {}
     for s in kernel_strats:

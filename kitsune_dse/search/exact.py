@@ -148,8 +148,8 @@ def solve_exact(cands: CandidateSet, objective="latency", sm_granularity: int = 
                     best_b = k[1]
         pts = [result(cov, method) for _, cov in front]
         main = pts[0]
-        pts.append(guard(cands, main, "latency"))
-        pts.append(guard(cands, pts[-2], "traffic"))
+        pts.append(guard(cands, main, "latency", step))
+        pts.append(guard(cands, pts[-2], "traffic", step))
         fr = pareto_filter(pts)
         return SolverResult(fr[0].status, 0.0, objective, fr[0].chosen, fr[0].latency_s,
                             fr[0].dram_bytes, time.perf_counter() - t0, pareto=fr,
@@ -165,14 +165,16 @@ def solve_exact(cands: CandidateSet, objective="latency", sm_granularity: int = 
         picks = min(allc, key=lambda x: x[0])[1]
         picks.sort(key=lambda it: it.cand.span)
     res = result(picks, method)
-    out = guard(cands, res, objective)
+    out = guard(cands, res, objective, step)
     from dataclasses import replace
     return replace(out, wall_s=time.perf_counter() - t0)
 
 
-def exact_cover(cset: CandidateSet, objective: str, extra: list[Candidate] = ()) -> list[Candidate]:
+def exact_cover(cset: CandidateSet, objective: str, extra: list[Candidate] = (),
+                allowed=None) -> list[Candidate]:
     """The best cover when every candidate (and every one of `extra`, e.g. re-timed pipelines)
-    costs its own exact estimate; bytes add up per region. objective: latency or traffic."""
+    costs its own exact estimate; bytes add up per region. objective: latency or traffic;
+    `allowed(candidate)` filters the set's own candidates."""
     n = len(cset.atoms)
 
     def key(c: Candidate):
@@ -180,7 +182,7 @@ def exact_cover(cset: CandidateSet, objective: str, extra: list[Candidate] = ())
         return ((e.dram_bytes, e.latency_s) if objective == "traffic"
                 else (e.latency_s, e.dram_bytes))
 
-    opts = [(c.span, key(c), c) for c in cset.candidates]
+    opts = [(c.span, key(c), c) for c in cset.candidates if allowed is None or allowed(c)]
     opts += [(c.span, key(c), c) for c in extra]
     sol = _dp_lexi(n, opts)
     return list(sol[1])

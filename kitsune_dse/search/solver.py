@@ -6,9 +6,9 @@ Times are integer nanoseconds (TIME_UNIT_S), DRAM bytes integer KiB (BYTE_UNIT),
 KiB rounded up and the L2 budget KiB rounded down. One boolean per candidate; every atom (so
 every op) is covered by exactly one chosen candidate. Candidates are windows of the atom chain,
 so any cover is also a valid execution order, and regions run one after another: the plan's
-latency is the sum of its regions' latencies and its DRAM bytes the sum of theirs (the final
-figures are the cost layer's: cost.region.compose_sequential also lets a hand-off that fits the
-L2 skip DRAM, which only lowers the bytes).
+latency is the sum of its regions' latencies and its DRAM bytes the sum of theirs (each region
+already prices hand-offs that stay in L2, cost.region.handed_over; the totals are
+cost.region.compose_sequential's).
 
 A kernel candidate (bsp, fusion, tilesync, concurrent) costs its estimate. A pipeline candidate
 with J stages and U hand-off units costs, for SM counts s_j (one boolean per allowed count of
@@ -188,6 +188,8 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
     slabs = int(c.slabs)
     sync = _ns(spec.sync_latency_s)
     counts = np.arange(step, S - (J - 1) * step + 1, step)
+    if J == 1 and counts[-1] != S:      # one stage partitions nothing: it may take the whole GPU
+        counts = np.append(counts, S)
     combos = SM_COMBOS_SMALL if len(cset.atoms) <= SMALL_ATOMS else SM_COMBOS
     W = len(counts) if J == 1 else max(1, int(combos ** (1.0 / J) + 1e-9))
     allowed, tab, depth = [], [], []
@@ -320,12 +322,24 @@ def _key(res: SolverResult, objective: str) -> tuple:
     return (res.latency_s, res.dram_bytes)
 
 
-def guard(cset: CandidateSet, res: SolverResult, objective: str) -> SolverResult:
+def sms_allowed(c: Candidate, step: int, sm_count: int) -> bool:
+    """Whether a pipeline's stage SM counts respect the granularity (a single stage may also
+    take the whole GPU: it partitions nothing)."""
+    if c.strategy != "pipeline" or c.choice is None:
+        return True
+    sms = c.choice.sms
+    if len(sms) == 1 and sms[0] == sm_count:
+        return True
+    return all(s % step == 0 for s in sms)
+
+
+def guard(cset: CandidateSet, res: SolverResult, objective: str, step: int = 1) -> SolverResult:
     """Keep the better of `res` and the best cover of exactly costed candidates (each at its
     own configuration, or as re-timed in `res`)."""
     from kitsune_dse.search.exact import exact_cover
     extra = [c for c in res.chosen if c.strategy == "pipeline"]
-    alt = exact_cover(cset, "traffic" if objective == "traffic" else "latency", extra)
+    alt = exact_cover(cset, "traffic" if objective == "traffic" else "latency", extra,
+                      lambda c: sms_allowed(c, step, cset.spec.sm_count))
     lat, dram = totals(cset, alt)
     if objective == "traffic":
         better = (dram, lat) < (res.dram_bytes * (1 - 1e-12), math.inf) or (
@@ -562,13 +576,13 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
             points.append(make_result(cands, p, objective, st, gp, t0, la, kb, "cp-sat", stats))
             kib = kb
         # the exactly costed covers join the front (they carry the whole-model guarantee)
-        points.append(guard(cands, main, "latency"))
-        points.append(guard(cands, points[-2], "traffic"))
+        points.append(guard(cands, main, "latency", step))
+        points.append(guard(cands, points[-2], "traffic", step))
         front = pareto_filter(points)
         return replace(front[0], pareto=front, wall_s=time.perf_counter() - t0,
                        status=main.status, gap=main.gap)
 
-    result = guard(cands, main, objective)
+    result = guard(cands, main, objective, step)
     if alternatives:
         alts = []
         nogoods = []
