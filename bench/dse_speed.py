@@ -10,8 +10,10 @@ Synthetic graphs:
            residual add (14 ops per layer; branches and joins inside each layer);
   branchy  blocks of 4 parallel branches (GEMM + GELU) joined by a chain of adds and a
            layernorm (12 ops per block).
-Each row: ops, atoms, candidates, build and solve wall time, total, peak Python heap
-(tracemalloc), process peak RSS (ru_maxrss), solver status and gap, plan latency. The scaling
+Each case runs in its own subprocess. Each row: ops, atoms, candidates, build and solve wall
+time, total, process peak RSS (ru_maxrss of that subprocess), peak Python heap (tracemalloc,
+only with --heap: tracing slows Python several times, so timings are taken without it), solver
+status and gap, plan latency, plan regions, where the plan came from, SM booleans in CP-SAT. The scaling
 exponent is the slope of a least-squares fit of log(total time) against log(ops) per family.
 Targets (2-core machine): every zoo model < 2 s; 1,000 ops < 10 s with gap <= 1%;
 5,000 ops < 60 s; peak memory < 2 GB.
@@ -21,8 +23,10 @@ from __future__ import annotations
 import argparse
 import csv
 import gc
+import json
 import math
 import resource
+import subprocess
 import sys
 import time
 import tracemalloc
@@ -109,24 +113,46 @@ def branchy_dag(n_ops: int, tokens: int = 4096, d: int = 512, branches: int = 4,
 FAMILIES = {"chain": transformer_chain, "branchy": branchy_dag}
 
 
-def run_one(name: str, graph: Graph, spec, time_limit: float) -> dict:
+def run_one(name: str, graph: Graph, spec, time_limit: float, heap: bool = False) -> dict:
+    """Time candidates + solve in this process (run in a fresh subprocess per case, so that
+    ru_maxrss is this case's peak). heap=True also traces the Python heap (slower)."""
     gc.collect()
-    tracemalloc.start()
+    if heap:
+        tracemalloc.start()
     t0 = time.perf_counter()
     cands = build_candidates(graph, spec)
     t1 = time.perf_counter()
     res = solve(cands, time_limit_s=time_limit)
     t2 = time.perf_counter()
-    _, peak = tracemalloc.get_traced_memory()
-    tracemalloc.stop()
+    peak = tracemalloc.get_traced_memory()[1] if heap else float("nan")
+    if heap:
+        tracemalloc.stop()
     return {"graph": name, "ops": len(graph.ops), "atoms": len(cands.atoms),
             "candidates": len(cands.candidates), "build_s": round(t1 - t0, 3),
             "solve_s": round(t2 - t1, 3), "total_s": round(t2 - t0, 3),
             "peak_heap_MB": round(peak / 2**20, 1),
             "max_rss_MB": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
-            "status": res.status, "gap": round(res.gap, 5), "latency_us": round(res.latency_s * 1e6, 2),
-            "regions": len(res.chosen), "source": res.source,
-            "sm_booleans": res.stats.get("sm_booleans", 0)}
+            "status": res.status, "gap": round(res.gap, 5),
+            "latency_us": round(res.latency_s * 1e6, 2), "regions": len(res.chosen),
+            "source": res.source, "sm_booleans": res.stats.get("sm_booleans", 0)}
+
+
+def run_case(case: str, hw: str, time_limit: float, heap: bool) -> dict:
+    """One case in a subprocess: 'chain:1000', 'branchy:100' or 'zoo:gpt3-mlp'."""
+    cmd = [sys.executable, __file__, "--one", case, "--hw", hw, "--time-limit", str(time_limit)]
+    if heap:
+        cmd.append("--heap")
+    out = subprocess.run(cmd, capture_output=True, text=True, check=False)
+    if out.returncode != 0:
+        raise RuntimeError(f"{case} failed:\n{out.stderr[-3000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def graph_of(case: str) -> tuple[str, Graph]:
+    kind, arg = case.split(":", 1)
+    if kind == "zoo":
+        return arg, load_model(arg)
+    return f"{kind}-{arg}", FAMILIES[kind](int(arg))
 
 
 def fit_exponent(rows: list[dict]) -> float:
@@ -157,24 +183,25 @@ def main(argv=None) -> int:
     ap.add_argument("--hw", default="h100-sxm")
     ap.add_argument("--time-limit", type=float, default=60.0)
     ap.add_argument("--no-zoo", action="store_true")
+    ap.add_argument("--heap", action="store_true", help="also trace the Python heap (slower)")
     ap.add_argument("--csv", default=None)
+    ap.add_argument("--one", default=None, help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
-    spec = load_spec(a.hw)
-    rows = []
-    for fam in a.families:
-        fam_rows = []
-        for n in a.sizes:
-            r = run_one(f"{fam}-{n}", FAMILIES[fam](n), spec, a.time_limit)
-            fam_rows.append(r)
-            print_table([r]) if not rows else print("  ".join(
-                str(r[c]).rjust(max(len(c), len(str(r[c])))) for c in COLS), flush=True)
-            rows.append(r)
-        print(f"# {fam}: time ~ ops^{fit_exponent(fam_rows):.2f}", flush=True)
+    if a.one:
+        name, graph = graph_of(a.one)
+        print(json.dumps(run_one(name, graph, load_spec(a.hw), a.time_limit, a.heap)))
+        return 0
+    cases = [f"{fam}:{n}" for fam in a.families for n in a.sizes]
     if not a.no_zoo:
-        for m in sorted(list_models()):
-            r = run_one(m, load_model(m), spec, a.time_limit)
-            rows.append(r)
-            print("  ".join(str(r[c]).rjust(max(len(c), len(str(r[c])))) for c in COLS), flush=True)
+        cases += [f"zoo:{m}" for m in sorted(list_models())]
+    rows = []
+    for i, case in enumerate(cases):
+        r = run_case(case, a.hw, a.time_limit, a.heap)
+        rows.append(r)
+        line = "  ".join(str(r[c]).rjust(max(len(c), len(str(r[c])))) for c in COLS)
+        if i == 0:
+            print("  ".join(c.rjust(max(len(c), len(str(r[c])))) for c in COLS))
+        print(line, flush=True)
     print()
     print_table(rows)
     for fam in a.families:
@@ -182,8 +209,8 @@ def main(argv=None) -> int:
         print(f"scaling exponent ({fam}, log-log fit of total time vs ops): {fit_exponent(fr):.2f}")
     zoo = [r for r in rows if not any(r["graph"].startswith(f + "-") for f in FAMILIES)]
     if zoo:
-        print(f"zoo: slowest {max(zoo, key=lambda r: r['total_s'])['graph']} "
-              f"{max(r['total_s'] for r in zoo):.2f} s")
+        slow = max(zoo, key=lambda r: r["total_s"])
+        print(f"zoo: slowest {slow['graph']} {slow['total_s']:.2f} s")
     print(f"peak RSS {max(r['max_rss_MB'] for r in rows):.0f} MB")
     if a.csv:
         Path(a.csv).parent.mkdir(parents=True, exist_ok=True)

@@ -124,10 +124,11 @@ ROWOPS = ("softmax", "layernorm")
 
 
 @st.composite
-def small_graphs(draw, max_ops: int = 5, allow_fp32: bool = True) -> Graph:
+def small_graphs(draw, max_ops: int = 5, allow_fp32: bool = True, chain: bool = False) -> Graph:
     """A random DAG of 1..max_ops ops over [rows, width] activations: GEMMs with fresh weights,
     unary elementwise ops, row reductions and adds of two same-shaped tensors (which give
-    branches and joins). Sizes range from tiny to a few times the usable L2."""
+    branches and joins). Sizes range from tiny to a few times the usable L2. With chain=True
+    every op reads only the previous op's output (an add doubles it): no branches."""
     rows = draw(st.sampled_from(ROWS))
     dtype = draw(st.sampled_from(("fp16", "fp32") if allow_fp32 else ("fp16",)))
     w0 = draw(st.sampled_from(WIDTHS))
@@ -137,7 +138,7 @@ def small_graphs(draw, max_ops: int = 5, allow_fp32: bool = True) -> Graph:
     n_ops = draw(st.integers(1, max_ops))
     for i in range(n_ops):
         kind = draw(st.sampled_from(("matmul", "matmul", "unary", "row", "add")))
-        src, width = avail[draw(st.integers(0, len(avail) - 1))]
+        src, width = avail[-1] if chain else avail[draw(st.integers(0, len(avail) - 1))]
         out = f"t{i}"
         if kind == "matmul":
             n = draw(st.sampled_from(WIDTHS))
@@ -151,7 +152,7 @@ def small_graphs(draw, max_ops: int = 5, allow_fp32: bool = True) -> Graph:
         elif kind == "row":
             ops.append((f"r{i}", draw(st.sampled_from(ROWOPS)), (src,), (out,)))
         else:
-            same = [a for a in avail if a[1] == width and a[0] != src]
+            same = [a for a in avail if a[1] == width and a[0] != src and not chain]
             other = draw(st.sampled_from(same)) if same else (src, width)
             ops.append((f"add{i}", "add", (src, other[0]), (out,)))
         avail.append((out, width))

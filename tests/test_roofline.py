@@ -187,6 +187,8 @@ def test_best_gemm_tile_prefers_the_larger_tile_on_ties_and_never_loses_to_any_c
         w, t = best_gemm_tile(make, H100, sms, 4096)
         for tile in GEMM_TILES:
             for ks in (1, 2, 4, 8, 16):
+                if ks > 1 and gemm_tiles(1, 4096, 4096, tile) >= sms:
+                    continue       # a library splits K only when the output tiles cannot fill the SMs
                 assert t <= kernel_time(make(tile, ks), H100, sms) * (1 + 1e-12)
     # 4096^2 output: all four tiles give the same compute on 128 SMs -> the largest wins
     w, _ = best_gemm_tile(make, H100, 128, 4096)
@@ -211,3 +213,11 @@ def test_faster_hardware_is_never_slower_for_one_kernel():
     assert kernel_time(w, spec(hbm_bandwidth_Bps=6e12), 132) <= base
     assert kernel_time(w, spec(tensor_peak_flop_per_s={"fp16": 2e15}), 132) <= base
     assert math.isclose(kernel_time(KernelWork("z", "fp16"), H100, 132), 0.0, abs_tol=0)
+
+
+def test_a_gemm_that_fills_the_gpu_is_not_split_along_k():
+    g = gemm_graph(4096, 4096, 4096)
+    (w,) = kernel_works(Region.of(g), [("mm",)], H100)
+    # 128x256 output tiles: 32 * 16 = 512 >= 132 SMs, so there is no reason to split K
+    assert gemm_tiles(1, 4096, 4096, (128, 256)) == 512
+    assert w.split_k == 1

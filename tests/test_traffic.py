@@ -7,10 +7,10 @@ that budget; otherwise it is written by its producer and re-read by the consumer
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import given, note, settings
 
-from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, examples, gemm_graph,
-                            mlp_graph, small_graphs)
+from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, describe, examples,
+                            gemm_graph, mlp_graph, small_graphs)
 from kitsune_dse.cost.region import Region, kernel_works
 from kitsune_dse.cost.roofline import split_k_partials_bytes
 from kitsune_dse.cost.strategies import bsp, bsp_groups, fusion, fusion_groups
@@ -177,6 +177,7 @@ def test_gpt3_mlp_bsp_traffic_by_hand():
 @settings(max_examples=examples(80), deadline=None)
 @given(g=small_graphs())
 def test_bsp_and_fusion_move_at_least_the_compulsory_bytes(g):
+    note(describe(g))
     r = Region.of(g)
     cr, cw = r.compulsory_bytes()
     for est in (bsp(r, H100), fusion(r, H100)):
@@ -188,7 +189,11 @@ def test_bsp_and_fusion_move_at_least_the_compulsory_bytes(g):
 
 
 @settings(max_examples=examples(80), deadline=None)
-@given(g=small_graphs())
-def test_fusion_never_moves_more_dram_bytes_than_bsp(g):
+@given(g=small_graphs(chain=True))
+def test_fusion_never_moves_more_dram_bytes_than_bsp_on_a_chain(g):
+    # on a chain fusion runs the same kernels in the same order, merged: nothing lives longer.
+    # (Not a law on branching graphs: fusing an op into an early group can keep its output
+    # alive across a large kernel that BSP runs before it, and evict it.)
+    note(describe(g))
     r = Region.of(g)
     assert fusion(r, H100).dram_bytes <= bsp(r, H100).dram_bytes * (1 + 1e-12)

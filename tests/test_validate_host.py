@@ -162,7 +162,7 @@ def test_unsupported_op_is_a_clear_error():
     from kitsune_dse.graph.yaml_model import model_from_dict
     m = model_from_dict({"name": "t", "dtype": "fp16", "inputs": {"a": [64, 128], "b": [64, 128]},
                          "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"],
-                                  "attrs": {"trans_b": True}}]}, "<t>")
+                                  "attrs": {"trans_a": True}}]}, "<t>")
     reg = Region(m, {"id": 0, "strategy": "bsp", "ops": ["mm"]})
     with pytest.raises(KitsuneError, match="transposed"):
         bsp_groups(reg)

@@ -56,6 +56,12 @@ def _compositions(n: int, k: int):
 
 def balance_sms(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1,
                 total: int | None = None) -> PipelineChoice | None:
+    r = balanced(region, spec, choice, step, total)
+    return r[0] if r else None
+
+
+def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1,
+             total: int | None = None) -> tuple[PipelineChoice, Estimate] | None:
     """Give each stage the SMs that minimise the slowest stage's time per tile."""
     J = len(choice.stages)
     total = spec.sm_count if total is None else total
@@ -66,17 +72,60 @@ def balance_sms(region: Region, spec: HwSpec, choice: PipelineChoice, step: int 
     plan = plan_stages(region, spec, probe)
     tab = stage_time_table(region, spec, plan)
     if J == 1:
-        return PipelineChoice(choice.stages, (total,), choice.tile_rows, choice.depths, choice.modes)
+        one = PipelineChoice(choice.stages, (total,), choice.tile_rows, choice.depths, choice.modes)
+        return one, pipeline(region, spec, one)
     _, split = split_sms([tab[j] for j in range(J)], total, step)
     if not split:
         return None
-    # split_sms gives each stage the fewest SMs that meet the bottleneck time; hand the SMs
-    # left over to the slowest stage, step by step, since an idle SM helps nobody
+    # split_sms gives each stage the fewest SMs that meet the bottleneck time; then improve the
+    # closed-form makespan sum(t) + (units - 1) * max(t): hand out leftover SMs and move SMs
+    # between stages while that helps (the queue model re-times the result exactly)
+    units = plan.row_blocks * plan.slabs
+
+    def cost(sp):
+        ts = [tab[k][sp[k]] for k in range(J)]
+        return sum(ts) + (units - 1) * max(ts)
+
     split = list(split)
-    while sum(split) + step <= total:
-        j = max(range(J), key=lambda k: (tab[k][split[k]], -k))
-        split[j] += step
-    return PipelineChoice(choice.stages, tuple(split), choice.tile_rows, choice.depths, choice.modes)
+    best = cost(split)
+    for _ in range(4 * total // step + 8):
+        moves = []
+        if sum(split) + step <= total:
+            moves += [(j, None) for j in range(J)]
+        moves += [(j, i) for j in range(J) for i in range(J) if i != j and split[i] - step >= step]
+        trial = None
+        for j, i in moves:
+            sp = list(split)
+            sp[j] += step
+            if i is not None:
+                sp[i] -= step
+            c = cost(sp)
+            if c < best * (1 - 1e-12) and (trial is None or c < trial[0]):
+                trial = (c, sp)
+        if trial is None:
+            break
+        best, split = trial
+    # the closed form ignores DRAM sharing and tile re-picks: check against an even split with
+    # the exact model and keep the better
+    tuned = PipelineChoice(choice.stages, tuple(split), choice.tile_rows, choice.depths, choice.modes)
+    even = PipelineChoice(choice.stages, tuple(_even_split(total, J, step)), choice.tile_rows,
+                          choice.depths, choice.modes)
+    est = pipeline(region, spec, tuned)
+    if even.sms != tuned.sms and all(s >= step for s in even.sms):
+        e2 = pipeline(region, spec, even)
+        if e2.latency_s < est.latency_s:
+            tuned, est = even, e2
+    return tuned, est
+
+
+def _even_split(total: int, parts: int, step: int) -> list[int]:
+    base = (total // parts) // step * step
+    out = [base] * parts
+    k = 0
+    while sum(out) + step <= total:
+        out[k % parts] += step
+        k += 1
+    return out
 
 
 @dataclass(frozen=True)
@@ -108,10 +157,10 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
                     for depth in (depths if k > 1 else (1,)):
                         base = PipelineChoice(stages, (1,) * k, tile_rows, (depth,) * (k - 1), modes)
                         try:
-                            ch = balance_sms(region, spec, base, step)
-                            if ch is None:
+                            r = balanced(region, spec, base, step)
+                            if r is None:
                                 continue
-                            est = pipeline(region, spec, ch)
+                            ch, est = r
                         except InfeasibleError:
                             continue
                         out.append(PipelineCandidate(region, ch, est))

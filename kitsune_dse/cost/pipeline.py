@@ -213,9 +213,15 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     queue_bytes = ring_bytes(plan)
     budget = spec.l2_usable_bytes
     spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
-    resident = _resident_weights(plan, max(0.0, budget - min(queue_bytes, budget)))
+    # a stage's groups hand each unit's intermediates to each other through L2: reserve that
+    # working set before pinning weights in what is left beside the queues
+    intra_ws = max((g.tensors[t].nbytes / units for st in c.stages for o in st
+                    for t in g.op(o).outputs
+                    if any(x in st for x in g.consumers(t))), default=0.0)
+    left = max(0.0, budget - min(queue_bytes, budget))
+    resident = _resident_weights(plan, max(0.0, left - min(intra_ws, left)))
     resident_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if N > 1 else 0.0
-    intra_budget = max(0.0, budget - min(queue_bytes, budget) - resident_w)
+    intra_budget = max(0.0, left - resident_w)
     out = []
     tot_r = tot_w = reread = spill = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2

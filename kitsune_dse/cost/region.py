@@ -9,7 +9,8 @@ kernel touches whether it crosses DRAM:
   * an intermediate passed between kernels is written to and re-read from DRAM unless it fits the
     usable L2 together with the traffic of the kernels in between; an L2-resident intermediate
     costs no DRAM bytes (its buffer is overwritten while still in L2) but L2 bandwidth;
-  * region outputs (consumed outside the region, or graph outputs) are always written to DRAM.
+  * graph outputs are always written to DRAM; a tensor handed to another region stays in L2 when
+    it fits (handed_over), otherwise it is written and re-read.
 """
 from __future__ import annotations
 

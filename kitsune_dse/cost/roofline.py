@@ -124,6 +124,8 @@ def best_gemm_tile(work_for_tile, spec: HwSpec, sms, k: int | None = None) -> tu
             if ks > 1 and (k is None or k // ks < 256):
                 break
             w = work_for_tile(tile, ks)
+            if ks > 1 and w.tiles // ks >= float(np.max(sms)):
+                break          # the output tiles already fill the SMs: no split along K
             t = kernel_time(w, spec, sms)
             if best is None or t < best[1] * (1 - 1e-9):
                 best = (w, t)

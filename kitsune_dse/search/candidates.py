@@ -10,28 +10,35 @@ Chains and diamonds are both covered: a diamond's branches are consecutive atoms
 
 Windows. Every window of 1..max_window atoms is a region; it gets the bsp, fusion, tilesync and
 concurrent estimates (the cost functions on Region.of(graph, ops)) and, when it lies inside one
-stream segment, pipeline candidates:
-  * stage cuts between atoms (at most 4 stages, at most 3 for windows of more than 4 atoms);
-    first every cut with the default tile (128 rows) and row queues, then, for the two best
-    cuts, every tile size (64/128/256 rows) and split-K queues;
-  * each evaluated with its SMs balanced over the stage-time table (cost.compare's balance
-    rule, multiples of sm_granularity) at a probe queue depth of 2 (1 where 2 does not fit the
-    usable L2; a pipeline none of whose queues fits even at depth 1 is dropped);
-  * per window the three fastest and the non-dominated (latency, DRAM bytes) ones are kept (at
-    most 5); each keeps its [stages, sm_count + 1] per-unit stage-time table
-    (cost.pipeline.stage_time_table), its queue slot bytes and the L2 left for queues beside
-    the weights it keeps resident.
-The windows of cost.compare.whole_model_pipeline (segments in chunks of its
-MAX_ATOMS_PER_PIPELINE fused groups) are enumerated exactly as compare does
-(cost.compare.pipeline_candidates) and the whole graph is always one more window for the
-four kernel strategies, so the candidate set contains a cover equal to every whole-model
-strategy of `kitsune-dse compare` (CandidateSet.baselines names them).
+stream segment and spans at most MAX_PIPELINE_ATOMS atoms, pipeline candidates:
+  * stage cuts between atoms: every cut into at most 4 stages for windows of up to 4 atoms;
+    for longer windows at most 3 stages, and per stage count the CUTS_PER_STAGES cuts that split
+    the atoms' own (one-atom window) times most evenly;
+  * each cut with the default tile (128 rows) and row queues; for the REFINE_CUTS best cuts
+    every tile size of cost.compare.TILE_ROWS, then split-K queues at the best tile;
+  * each evaluated on its stage-time table (cost.pipeline.stage_time_table at a probe queue
+    depth of 2, or 1 where 2 does not fit the usable L2; a cut whose queues do not fit even at
+    depth 1 is dropped): SMs balanced as cost.compare.balance_sms does (multiples of
+    sm_granularity, left-over SMs to the slowest stage), queues at their smallest adequate depth
+    (adequate_depth) when those fit beside the resident weights, ranked by the solver's closed
+    form at that allocation;
+  * per window the KEEP_FASTEST fastest and the non-dominated (latency, DRAM bytes) ones are
+    kept (at most KEEP_MAX), costed exactly (cost.pipeline.pipeline); each keeps its
+    [stages, sm_count + 1] table, its queue slot bytes and the L2 left for queues beside the
+    weights it keeps resident (queue_budget_bytes).
+The windows of cost.compare.whole_model_pipeline (segments in chunks of MAX_ATOMS_PER_PIPELINE
+fused groups) are searched exactly as compare does (cost.compare.pipeline_candidates, which may
+keep queues that spill past the L2), and the whole graph is always one more window for the four
+kernel strategies, so the candidate set contains a cover equal to every whole-model strategy of
+`kitsune-dse compare` (CandidateSet.baselines lists them; compare_baselines=False skips the
+pipeline one, the most expensive part of the search).
 
 Reuse. Windows are costed once per *structural signature* (op kinds, attrs, shapes, dtypes,
-which inputs are weights or come from inside the window, which outputs leave it): the repeated
-layers of a deep model cost one window each; the copies get the same numbers with their own op
-and tensor names (also inside the estimate's breakdown). The candidate count is linear in the
-graph size: at most max_window windows start at each atom, each with at most 4 + 5 candidates.
+which inputs are weights, graph inputs or come from inside the window, which outputs leave it,
+which hand-offs stay in L2): the repeated layers of a deep model cost one window each; the copies
+get the same numbers and tables with their own op and tensor names (also inside the estimate's
+breakdown). The candidate count is linear in the graph size: at most max_window windows start
+at each atom, each with 4 + at most KEEP_MAX candidates.
 """
 from __future__ import annotations
 
@@ -61,7 +68,7 @@ MAX_STAGES_SMALL = 4          # stage cap for windows of up to 4 atoms
 MAX_STAGES_LARGE = 3          # and for longer windows
 REFINE_CUTS = 1               # cuts whose tile sizes and queue modes are explored
 KEEP_FASTEST = 3              # pipeline candidates kept per window: the fastest ...
-KEEP_MAX = 5                  # ... plus the non-dominated ones, at most this many in all
+KEEP_MAX = 6                  # ... the best of each stage count and the non-dominated
 PROBE_DEPTH = 2
 QUEUE_DEPTHS = (1, 2, 4, 8)   # ring slots (row-blocks) a queue may have
 CUTS_PER_STAGES = 3           # long windows: most even cuts tried per stage count
@@ -253,6 +260,7 @@ class _PipeEval:
     plan: object | None = None
     model_s: float = 0.0        # closed-form time at the balanced SMs (ranking only)
     dram: float = 0.0
+    budget: float = 0.0         # L2 for queue slots beside the weights resident at the probe
 
 
 def _queue_budget(spec: HwSpec, plan, resident) -> float:
@@ -277,14 +285,13 @@ def table_and_totals(region: Region, spec: HwSpec, plan) -> tuple[np.ndarray, di
     return tab, totals
 
 
-def adequate_depth(slabs: int, consumer_s: float, sync_s: float):
-    """Smallest ring depth (row-blocks) with which a queue never holds back its producer:
-    (depth * slabs - 1) * T_consumer >= 2 * sync, i.e. depth * slabs * B >= T_consumer + 2 * sync
-    for any bottleneck period B >= T_consumer (a slot is released one hand-off after its
-    consumer finishes and refilled one hand-off later); None if no depth of QUEUE_DEPTHS is.
-    The solver applies the same rule to integer nanoseconds (solver.queue_depth)."""
+def adequate_depth(slabs: int, period_s: float, consumer_s: float, sync_s: float):
+    """Smallest ring depth (row-blocks) with which a queue does not slow the pipeline below its
+    period B (the bottleneck stage's unit time): depth * slabs * B >= T_consumer + 2 * sync (a
+    slot is freed one hand-off after its consumer finishes and refilled one hand-off later);
+    None if no depth of QUEUE_DEPTHS is. The solver applies the same rule in integer ns."""
     for d in QUEUE_DEPTHS:
-        if (d * slabs - 1) * consumer_s >= 2 * sync_s:
+        if d * slabs * period_s >= consumer_s + 2 * sync_s:
             return d
     return None
 
@@ -341,13 +348,14 @@ class _PipelineEnumerator:
         # queue depths: the smallest adequate ones if they fit beside the resident weights
         depths = probe.depths
         if J > 1:
-            ad = [adequate_depth(plan.slabs, T[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
+            ad = [adequate_depth(plan.slabs, B, T[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
                   for q in range(J - 1)]
             budget = _queue_budget(spec, plan, totals.get("weights_resident"))
             if sum(d * b for d, b in zip(ad, plan.slot_bytes)) <= budget:
                 depths = tuple(ad)
         choice = PipelineChoice(stages, sms, tile_rows, depths, modes)
-        return _PipeEval(choice, None, order, tab, plan, model, dram)
+        return _PipeEval(choice, None, order, tab, plan, model, dram,
+                         _queue_budget(spec, plan, totals.get("weights_resident")))
 
     def cut_options(self, atoms, work: list[float], k: int):
         """Stage cuts of a window of k atoms: every cut for up to MAX_STAGES_SMALL stages when
@@ -387,17 +395,28 @@ class _PipelineEnumerator:
         multi = sorted((e for e in out if len(e.choice.stages) > 1),
                        key=lambda e: (e.model_s, e.dram, e.order))
         for base in multi[:REFINE_CUTS]:
+            # the best cuts: every tile size with row queues, then split-K at the best tile
             stages = base.choice.stages
             J = len(stages)
+            row = ("row",) * (J - 1)
+            tried = [base]
             for tile in tile_opts:
-                for modes in (("row",) * (J - 1), ("split_k",) * (J - 1)):
-                    if (stages, tile, modes) in seen:
-                        continue
-                    seen.add((stages, tile, modes))
-                    ev = self.evaluate(region, stages, tile, modes, order)
-                    order += 1
-                    if ev is not None:
-                        out.append(ev)
+                if (stages, tile, row) in seen:
+                    continue
+                seen.add((stages, tile, row))
+                ev = self.evaluate(region, stages, tile, row, order)
+                order += 1
+                if ev is not None:
+                    out.append(ev)
+                    tried.append(ev)
+            best = min(tried, key=lambda e: (e.model_s, e.dram, e.order))
+            sk = ("split_k",) * (J - 1)
+            if (stages, best.choice.tile_rows, sk) not in seen:
+                seen.add((stages, best.choice.tile_rows, sk))
+                ev = self.evaluate(region, stages, best.choice.tile_rows, sk, order)
+                order += 1
+                if ev is not None:
+                    out.append(ev)
         kept = _keep(out, lambda e: (e.model_s, e.dram, e.order))
         for e in kept:
             try:
@@ -417,17 +436,32 @@ class _PipelineEnumerator:
                            dram=pc.estimate.dram_bytes) for i, pc in enumerate(res)]
         kept = _keep(evals, lambda e: (e.model_s, e.dram, e.order))
         for e in kept:
+            # the solver's table: at a queue depth that fits the L2 (as evaluate probes it), not
+            # at compare's depth, whose queues may spill and slow every stage down
             e.plan = plan_stages(region, self.spec, e.choice)
-            e.table = stage_time_table(region, self.spec, e.plan)
+            probe = self.evaluate(region, e.choice.stages, e.choice.tile_rows, e.choice.modes,
+                                  e.order)
+            if probe is not None:
+                e.table, e.budget = probe.table, probe.budget
+            else:
+                e.table = stage_time_table(region, self.spec, e.plan)
+                e.budget = _queue_budget(self.spec, e.plan,
+                                         e.estimate.breakdown.get("weights_resident"))
         return kept
 
 
 def _keep(evals, key) -> list:
-    """The KEEP_FASTEST first by `key`, then the non-dominated (by DRAM bytes), KEEP_MAX in all."""
+    """The KEEP_FASTEST first by `key`, the first of every stage count not yet among them, then
+    the non-dominated by DRAM bytes; KEEP_MAX in all."""
     if not evals:
         return []
     by = sorted(evals, key=key)
     kept = by[:KEEP_FASTEST]
+    for e in by:
+        if len(kept) >= KEEP_MAX:
+            break
+        if all(len(k.choice.stages) != len(e.choice.stages) for k in kept):
+            kept.append(e)
     best = math.inf
     for e in sorted(evals, key=lambda e: (e.dram, key(e))):
         if e.model_s < best:
@@ -515,8 +549,7 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
                     p = e.plan
                     entries.append(_Entry(
                         "pipeline", e.estimate, e.choice, e.table, p.row_blocks * p.slabs,
-                        p.slabs, tuple(p.slot_bytes),
-                        _queue_budget(spec, p, e.estimate.breakdown.get("weights_resident"))))
+                        p.slabs, tuple(p.slot_bytes), e.budget))
             cache[key] = (names, entries)
             mapping = {}
         if hi - lo == 1 and entries:

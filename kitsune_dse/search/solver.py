@@ -2,58 +2,70 @@
 
 The integer model
 -----------------
-Times are integer nanoseconds (TIME_UNIT_S), DRAM bytes integer KiB (BYTE_UNIT), queue slots
-KiB rounded up and the L2 budget KiB rounded down. One boolean per candidate; every atom (so
-every op) is covered by exactly one chosen candidate. Candidates are windows of the atom chain,
-so any cover is also a valid execution order, and regions run one after another: the plan's
-latency is the sum of its regions' latencies and its DRAM bytes the sum of theirs (each region
-already prices hand-offs that stay in L2, cost.region.handed_over; the totals are
-cost.region.compose_sequential's).
+Times are integer nanoseconds (TIME_UNIT_S), DRAM bytes integer KiB (BYTE_UNIT, rounded), queue
+slots KiB rounded up and the queue budget KiB rounded down. One boolean x_c per candidate;
+every atom (so every op) is covered by exactly one chosen candidate. Candidates are windows of
+the atom chain, so any cover is also a valid execution order, and regions run one after
+another: the plan's latency is the sum of its regions' latencies and its DRAM bytes the sum of
+theirs (each region already prices the hand-offs that stay in L2, cost.region.handed_over; the
+totals are cost.region.compose_sequential's).
 
 A kernel candidate (bsp, fusion, tilesync, concurrent) costs its estimate. A pipeline candidate
-with J stages and U hand-off units costs, for SM counts s_j (one boolean per allowed count of
-each stage, multiples of sm_granularity, sum <= the GPU's SMs) with per-unit stage times
-T_j = stage_tables[j][s_j] and bottleneck B = max_j T_j (an AddMaxEquality):
-    L = max(sum_j T_j + (U - 1) * B + (J - 1) * sync,  DRAM bytes / HBM bandwidth) + launch
-the tandem queue's makespan when every queue is deep enough. Each queue q takes a depth d_q in
-{1, 2, 4, 8} ring slots (row-blocks), the smallest *adequate* one,
-    d_q * slabs * B >= T_{q+1} + 2 * sync       (and the next smaller depth is not adequate),
-and the queues' slots fit the L2 the candidate leaves beside its resident weights:
-sum_q d_q * slot_q <= queue budget. Then the exact queue model (cost.pipeline.pipeline) re-times
-the chosen configuration; the result's figures are always the exact ones.
+with J stages and U hand-off units has one boolean y[j][s] per allowed SM count s of each stage
+(multiples of sm_granularity; a single stage may also take the whole GPU), exactly one per stage
+when the candidate is chosen, sum_j s_j <= the GPU's SMs, per-unit stage times
+T_j = sum_s stage_tables[j][s] * y[j][s] and a bottleneck B >= T_j:
+    L = max(sum_j T_j + (U - 1) * B + (J - 1) * sync,  DRAM bytes / HBM bandwidth) + launch,
+the tandem queue's makespan when its queues are deep enough (the DRAM term is the chip's
+bandwidth bound; cost.pipeline.pipeline stretches stage times the same way). Queue q's depth is
+the smallest adequate one in {1, 2, 4, 8} ring slots (row-blocks),
+    (d_q * slabs - 1) * T_{q+1} >= 2 * sync        (so d_q * slabs * B >= T_{q+1} + 2 sync:
+a slot is freed one hand-off after its consumer finishes and refilled one hand-off later), which
+makes d_q a function of stage q+1's SM count, and the queues must fit the L2 the candidate
+leaves beside the weights it keeps resident: sum_q d_q(s_{q+1}) * slot_q <= queue budget, a
+linear constraint on the y booleans. Then the exact queue model (cost.pipeline.pipeline)
+re-times the chosen configuration: a result's figures are always the exact ones, and
+model_latency_s / model_dram_bytes keep the integer model's.
 
-Each stage's allowed SM counts are the ones nearest its balanced count (candidate.choice.sms): at
-most ceil(4096 ** (1/J)) per stage (8 for four stages, 16 for three, 64 for two), 32768 ** (1/J)
-when the graph has at most 24 atoms; a one-stage pipeline may take any count.
+Each stage's allowed SM counts are the ones nearest its balanced count (candidate.choice.sms):
+at most SM_COMBOS ** (1/J) per stage (8 for four stages, 16 for three, 64 for two), SM_COMBOS_SMALL
+** (1/J) for graphs of at most SMALL_ATOMS atoms; a one-stage pipeline may take any count.
 
 Decomposition
 -------------
-Regions are sequential and a pipeline's SMs are its own, so a candidate's best configuration does
-not depend on the rest of the plan. Every pipeline candidate is therefore also pre-solved (its
-allowed allocations enumerated with NumPy) for dominance pruning: on each window only candidates
-not beaten in both latency and bytes by another one stay (an exact reduction; skipped when
-alternatives are requested). While the SM booleans of the remaining pipeline candidates number
-at most SM_BOOL_LIMIT (small and medium graphs, every zoo model), they enter CP-SAT as above;
-beyond that (large graphs) each pipeline candidate enters as its pre-solved best configuration,
-and the CP-SAT model is the pure interval cover, whose LP relaxation is integral.
+Regions are sequential and a pipeline's SMs are its own, so a candidate's best configuration is
+independent of the rest of the plan. Every pipeline candidate is pre-solved (its allowed
+allocations enumerated with NumPy, Item.best) and that optimum is used three ways, none of which
+changes the optimum: (1) dominance pruning, on each window only candidates not matched or beaten
+in both latency and bytes by another stay (skipped when alternatives are asked for); (2) a
+valid cut L >= best, written as L = best + E with E >= 0 so that the LP relaxation of the cover
+(an interval matrix) is tight at the root; (3) a warm start, the best cover of pre-solved
+candidates (exact.py's dynamic program) as a full hint. While the remaining SM booleans number
+at most SM_BOOL_LIMIT (small and medium graphs: every zoo model) they enter CP-SAT as above;
+beyond that (large graphs) each pipeline candidate enters as its pre-solved best configuration
+and CP-SAT solves the pure interval cover.
 
 Objectives and determinism
 --------------------------
-"latency": minimise total latency, then fix it (<= the optimum found) and minimise DRAM bytes.
-"traffic": bytes, then latency. "pareto": an epsilon-constraint sweep on bytes (at most
-MAX_PARETO plans). time_limit_s bounds the whole call; status is CP-SAT's for the primary
-objective and gap = (objective - bound) / objective. One search worker, a fixed random seed and
-interleave_search off make CP-SAT deterministic: the same inputs give the same plan.
-`alternatives=K` adds a no-good on the plan's literals (candidates and SM counts) and solves
-again, K times: the next-best distinct plans, ranked by the model's latency.
+"latency": minimise total latency, then with latency <= the value found minimise DRAM bytes
+(candidates that cannot be part of such a cover, by a forward/backward shortest-cover bound,
+are fixed to 0 for that second solve). "traffic": bytes, then latency. "pareto": an
+epsilon-constraint sweep, bytes <= previous - 1 KiB, minimising latency then bytes (at most
+MAX_PARETO plans), filtered to the mutually non-dominated exact figures. time_limit_s bounds the
+CP-SAT calls of the whole call (shared evenly among the solves still to come); status is
+CP-SAT's for the primary objective and gap = (objective - bound) / objective. One search worker,
+a fixed random seed, interleave_search off and a deterministic warm start make the search
+deterministic: the same inputs give the same plan. `alternatives=K` adds a no-good on the plan's
+literals (candidates and SM counts) and solves again, K times: the next-best distinct plans, in
+order of the model's latency.
 
 Guarantees
 ----------
-After the exact re-timing, the plan is compared with the best cover that uses every candidate at
-its own, exactly costed configuration (a dynamic program over the atom chain, exact.py), and the
-better one is returned (source "cp-sat" or "exact-dp"). The candidate set contains every
-whole-model strategy of cost.compare.compare() as such a cover (CandidateSet.baselines), so the
-plan is never predicted slower than the best single strategy applied to the whole model.
+After the exact re-timing the plan is compared with the best cover that uses every candidate at
+its own, exactly costed configuration (exact.exact_cover, a dynamic program over the atom
+chain); the better one is returned (source "cp-sat" or "exact-dp"). The candidate set contains
+every whole-model strategy of cost.compare.compare() as such a cover (CandidateSet.baselines),
+so the plan is never predicted slower than the best single strategy applied to the whole model.
 """
 from __future__ import annotations
 
@@ -114,7 +126,6 @@ class PipeModel:
     J: int
     allowed: list[np.ndarray]       # per stage: allowed SM counts (ascending)
     tab: list[np.ndarray]           # per stage: integer ns per unit at those counts
-    depth: list[np.ndarray]         # per stage j >= 1: depth of its input queue at those counts
     units: int
     slabs: int
     sync: int
@@ -124,23 +135,62 @@ class PipeModel:
     budget_kib: int
     sm_count: int
 
+    def _solve(self, T: list[np.ndarray], ok: np.ndarray):
+        """For allocations with unit times T (one array per stage): feasibility, the period
+        (ns per unit at the bottleneck), the queue depths achieving it with the least L2, and
+        the latency. A queue of depth d paces the pipeline at no less than
+        ceil((T_{q+1} + 2 sync) / (d * slabs)): a slot is freed one hand-off after its consumer
+        finishes and refilled one hand-off later. The period is the smallest target >= max T
+        that every queue meets within the L2 budget; with one unit no slot is ever reused and
+        every queue takes depth 1."""
+        J, n = self.J, len(T[0])
+        maxT = np.max(T, axis=0)
+        depths = [np.ones(n, dtype=np.int64) for _ in range(J - 1)]
+        period = maxT
+        if J > 1 and self.units <= 1:
+            ok = ok & (sum(self.slot_kib) <= self.budget_kib)
+        elif J > 1:
+            maximal = self.max_depth_vectors()
+            if not maximal:
+                ok = ok & False
+            else:
+                pace = {d: [-(-(T[q + 1] + 2 * self.sync) // (d * self.slabs))
+                            for q in range(J - 1)] for d in QUEUE_DEPTHS}
+                period = np.min([np.max([maxT] + [pace[d][q] for q, d in enumerate(dv)], axis=0)
+                                 for dv in maximal], axis=0)
+                for q in range(J - 1):
+                    d = np.zeros(n, dtype=np.int64)
+                    for dd in reversed(QUEUE_DEPTHS):
+                        d = np.where(pace[dd][q] <= period, dd, d)
+                    depths[q] = d
+        L = np.maximum(np.sum(T, axis=0) + (self.units - 1) * period + (J - 1) * self.sync,
+                       self.floor) + self.launch
+        return ok, period, depths, L
+
+    def max_depth_vectors(self) -> list[tuple[int, ...]]:
+        """The maximal depth vectors whose slots fit the queue budget (deeper never paces
+        slower, so the best period is reached at one of them)."""
+        if getattr(self, "_maximal", None) is None:
+            import itertools
+            fit = [dv for dv in itertools.product(QUEUE_DEPTHS, repeat=self.J - 1)
+                   if sum(d * s for d, s in zip(dv, self.slot_kib)) <= self.budget_kib]
+            self._maximal = [dv for dv in fit if not any(
+                o != dv and all(a >= b for a, b in zip(o, dv)) for o in fit)]
+        return self._maximal
+
     def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
         """(L, depths) of one allocation, None where it is infeasible."""
-        T, D = [], []
+        T = []
         for j, s in enumerate(sms):
             k = int(np.searchsorted(self.allowed[j], s))
             if k >= len(self.allowed[j]) or self.allowed[j][k] != s:
                 return None
-            T.append(int(self.tab[j][k]))
-            if j > 0:
-                D.append(int(self.depth[j][k]))
-        if sum(sms) > self.sm_count:
+            T.append(self.tab[j][k:k + 1])
+        ok = np.array([sum(sms) <= self.sm_count])
+        ok, _, D, L = self._solve(T, ok)
+        if not ok[0]:
             return None
-        if sum(d * s for d, s in zip(D, self.slot_kib)) > self.budget_kib:
-            return None
-        B = max(T)
-        L = max(sum(T) + (self.units - 1) * B + (self.J - 1) * self.sync, self.floor) + self.launch
-        return L, tuple(D)
+        return int(L[0]), tuple(int(d[0]) for d in D)
 
     def best(self):
         """(L, sms, depths) minimising L over every allowed allocation (the first in ascending
@@ -152,32 +202,14 @@ class PipeModel:
         idx = [g.ravel() for g in grids]
         S = [self.allowed[j][idx[j]] for j in range(J)]
         T = [self.tab[j][idx[j]] for j in range(J)]
-        D = [self.depth[j][idx[j]] for j in range(1, J)]
         ok = np.sum(S, axis=0) <= self.sm_count
-        if J > 1:
-            ok &= np.sum([d * s for d, s in zip(D, self.slot_kib)], axis=0) <= self.budget_kib
+        ok, _, D, L = self._solve(T, ok)
         if not ok.any():
             return None
-        B = np.max(T, axis=0)
-        L = np.maximum(np.sum(T, axis=0) + (self.units - 1) * B + (J - 1) * self.sync,
-                       self.floor) + self.launch
         L = np.where(ok, L, np.iinfo(np.int64).max)
         k = int(np.argmin(L))
         return (int(L[k]), tuple(int(S[j][k]) for j in range(J)),
                 tuple(int(D[q][k]) for q in range(J - 1)))
-
-
-def queue_depth(slabs: int, consumer_ns, sync_ns: int):
-    """The smallest adequate ring depth of a queue (row-blocks) for a consumer taking
-    `consumer_ns` per unit: (depth * slabs - 1) * T_consumer >= 2 * sync (with the bottleneck's
-    period B >= T_consumer, depth * slabs * B >= T_consumer + 2 * sync: a slot is released one
-    hand-off after its consumer finishes and refilled one hand-off later, so the producer is
-    never held back); 0 where no depth of QUEUE_DEPTHS is adequate. Works on arrays."""
-    t = np.asarray(consumer_ns, dtype=np.int64)
-    out = np.zeros_like(t)
-    for d in reversed(QUEUE_DEPTHS):
-        out = np.where((d * slabs - 1) * t >= 2 * sync_ns, d, out)
-    return out
 
 
 def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
@@ -185,29 +217,24 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
     S = spec.sm_count
     tabs = np.asarray(c.stage_tables, dtype=float)
     J = tabs.shape[0]
-    slabs = int(c.slabs)
-    sync = _ns(spec.sync_latency_s)
     counts = np.arange(step, S - (J - 1) * step + 1, step)
     if J == 1 and counts[-1] != S:      # one stage partitions nothing: it may take the whole GPU
         counts = np.append(counts, S)
     combos = SM_COMBOS_SMALL if len(cset.atoms) <= SMALL_ATOMS else SM_COMBOS
     W = len(counts) if J == 1 else max(1, int(combos ** (1.0 / J) + 1e-9))
-    allowed, tab, depth = [], [], []
+    allowed, tab = [], []
     for j in range(J):
-        vals = tabs[j][counts]
-        ns = np.rint(np.where(np.isfinite(vals), vals, 1e3) / TIME_UNIT_S).astype(np.int64)
-        dep = queue_depth(slabs, ns, sync) if j > 0 else np.ones_like(ns)
-        usable = dep > 0
-        cnt, ns, dep = counts[usable], ns[usable], dep[usable]
+        cnt = counts
         if W < len(cnt):
             centre = c.choice.sms[j] if c.choice is not None and j < len(c.choice.sms) else S // J
             keep = np.sort(np.argsort(np.abs(cnt - centre), kind="stable")[:W])
-            cnt, ns, dep = cnt[keep], ns[keep], dep[keep]
+            cnt = cnt[keep]
+        vals = tabs[j][cnt]
         allowed.append(cnt.astype(np.int64))
-        tab.append(ns)
-        depth.append(dep.astype(np.int64))
+        tab.append(np.rint(np.where(np.isfinite(vals), vals, 1e3) / TIME_UNIT_S).astype(np.int64))
     return PipeModel(
-        J=J, allowed=allowed, tab=tab, depth=depth, units=int(c.units), slabs=slabs, sync=sync,
+        J=J, allowed=allowed, tab=tab, units=int(c.units), slabs=int(c.slabs),
+        sync=_ns(spec.sync_latency_s),
         floor=_ns(c.estimate.dram_bytes / spec.hbm_bandwidth_from(S)),
         launch=_ns(spec.graph_launch_overhead_s),
         slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
@@ -316,12 +343,6 @@ def make_result(cset, picks, objective, status, gap, t0, model_lat, model_kib, s
                         stats=dict(stats or {}))
 
 
-def _key(res: SolverResult, objective: str) -> tuple:
-    if objective == "traffic":
-        return (res.dram_bytes, res.latency_s)
-    return (res.latency_s, res.dram_bytes)
-
-
 def sms_allowed(c: Candidate, step: int, sm_count: int) -> bool:
     """Whether a pipeline's stage SM counts respect the granularity (a single stage may also
     take the whole GPU: it partitions nothing)."""
@@ -342,7 +363,7 @@ def guard(cset: CandidateSet, res: SolverResult, objective: str, step: int = 1) 
                       lambda c: sms_allowed(c, step, cset.spec.sm_count))
     lat, dram = totals(cset, alt)
     if objective == "traffic":
-        better = (dram, lat) < (res.dram_bytes * (1 - 1e-12), math.inf) or (
+        better = dram < res.dram_bytes * (1 - 1e-12) or (
             dram <= res.dram_bytes and lat < res.latency_s * (1 - 1e-12))
     else:
         better = lat < res.latency_s * (1 - 1e-12) or (
@@ -380,7 +401,6 @@ class _Cover:
             m.add_exactly_one(vs)
         lat_terms, kib_terms = [], []
         self.sm_vars: dict[int, list[list]] = {}
-        self.b_vars: dict[int, object] = {}
         for i, (v, it) in enumerate(zip(self.x, items)):
             kib_terms.append(it.kib * v)
             if it.pm is None or not use_sm_bools:
@@ -389,6 +409,26 @@ class _Cover:
             lat_terms.append(self._pipeline(i, v, it.pm, it.best[0]))
         self.lat = sum(lat_terms)
         self.kib = sum(kib_terms)
+
+    def useless(self, primary: str, bound: int) -> list:
+        """Candidate literals that cannot be part of any cover whose primary total (latency
+        or bytes) is <= bound: forward and backward shortest covers of the atom chain with
+        each item's lower bound (pipelines: their pre-solved best). Fixing them to 0 is exact
+        and keeps the second, tie-breaking solve small."""
+        n = len(self.cset.atoms)
+        w = [it.kib if primary == "kib" else it.lat for it in self.items]
+        inf = float("inf")
+        f = [0.0] + [inf] * n
+        b = [inf] * n + [0.0]
+        order = sorted(range(len(self.items)), key=lambda k: self.items[k].cand.span[1])
+        for k in order:
+            lo, hi = self.items[k].cand.span
+            f[hi] = min(f[hi], f[lo] + w[k])        # spans end after they start: in order
+        for k in sorted(range(len(self.items)), key=lambda k: -self.items[k].cand.span[0]):
+            lo, hi = self.items[k].cand.span
+            b[lo] = min(b[lo], b[hi] + w[k])
+        return [v for k, v in enumerate(self.x)
+                if f[self.items[k].cand.span[0]] + w[k] + b[self.items[k].cand.span[1]] > bound]
 
     def _pipeline(self, i: int, x, pm: PipeModel, best: int):
         m = self.model
@@ -401,20 +441,25 @@ class _Cover:
         if sum(int(a[-1]) for a in pm.allowed) > pm.sm_count:
             m.add(sum(int(a) * y for j in range(pm.J) for a, y in zip(pm.allowed[j], ys[j]))
                   <= pm.sm_count)
-        if pm.J > 1:
-            l2 = [(int(d) * pm.slot_kib[j - 1], y) for j in range(1, pm.J)
-                  for d, y in zip(pm.depth[j], ys[j])]
-            worst = sum(int(pm.depth[j].max()) * pm.slot_kib[j - 1] for j in range(1, pm.J))
-            if worst > pm.budget_kib:
-                m.add(sum(c * y for c, y in l2) <= pm.budget_kib)
         maxt = max(int(t.max()) for t in pm.tab)
         span = sum(Ts) + (pm.J - 1) * pm.sync * x
         if pm.units > 1 and pm.J > 1:
-            B = m.new_int_var(0, maxt, f"B{i}")
+            # B: the period; >= every stage's unit time and >= each queue's pace at its depth
+            maxp = max(maxt, max(-(-(int(pm.tab[q + 1].max()) + 2 * pm.sync) // pm.slabs)
+                                 for q in range(pm.J - 1)))
+            B = m.new_int_var(0, maxp, f"B{i}")
             for t in Ts:
                 m.add(B >= t)
+            l2 = []
+            for q in range(pm.J - 1):
+                zq = [m.new_bool_var(f"z{i}_{q}_{d}") for d in QUEUE_DEPTHS]
+                m.add(sum(zq) == x)
+                for d, z in zip(QUEUE_DEPTHS, zq):
+                    m.add(d * pm.slabs * B - Ts[q + 1] >= 2 * pm.sync).only_enforce_if(z)
+                    l2.append(d * pm.slot_kib[q] * z)
+            m.add(sum(l2) <= pm.budget_kib)
             span = span + (pm.units - 1) * B
-            self.b_vars[i] = B
+            maxt = maxp
         elif pm.units > 1:
             span = span + (pm.units - 1) * Ts[0]
         # latency - launch = max(span, floor) = (best - launch) + E with E >= 0: the pre-solved
@@ -434,6 +479,9 @@ class _Cover:
         for kind, expr, bound in extra:
             if kind == "le":
                 m.add(expr <= bound)
+            elif kind == "zero":
+                for v in expr:
+                    m.add(v == 0)
             else:
                 m.add(sum(expr) <= bound)     # a no-good: at most len-1 of the literals
         m.minimize(objective_expr)
@@ -548,7 +596,9 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
         obj, bound = s.objective_value, s.best_objective_bound
         gap = 0.0 if status == "OPTIMAL" else max(0.0, (obj - bound) / max(1.0, abs(obj)))
         h = cov.hint_of(s)
-        s2, st2 = cov.run(secondary, budget(), seed, list(extra) + [("le", primary, int(round(obj)))], h)
+        fixed = cov.useless("kib" if objective == "traffic" else "lat", int(round(obj)))
+        s2, st2 = cov.run(secondary, budget(), seed, list(extra) + [
+            ("le", primary, int(round(obj))), ("zero", fixed, 0)], h)
         if st2 in _STATUS:
             s = s2
         picks, lits, mlat, mkib = cov.picks(s)

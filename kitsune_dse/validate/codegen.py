@@ -17,15 +17,31 @@ GEMM_STAGES = 4
 GROUP_M = 8                 # row-blocks per rasterization group of a standalone GEMM
 
 
-def gemm_cfg(bm: int, bn: int, nb: int, bk: int = GEMM_BK, stages: int = GEMM_STAGES) -> dict:
-    """The GemmCfg<> constants of gemm.cuh, computed here for shared-memory sizing."""
+def gemm_cfg(bm: int, bn: int, nb: int, bk: int = GEMM_BK, stages: int = GEMM_STAGES,
+             tb: bool = False) -> dict:
+    """The GemmCfg<> constants of gemm.cuh, computed here for shared-memory sizing. tb: B is
+    stored transposed ([N, K] row-major; staged as BN rows of BK + 8)."""
     wm = bm // 2
-    a_ld, b_ld = bk + 8, bn + 8
-    stage = bm * a_ld + nb * bk * b_ld
+    a_ld = bk + 8
+    b_stage = bn * (bk + 8) if tb else bk * (bn + 8)
+    stage = bm * a_ld + nb * b_stage
     pipe = stages * stage * 2
     stage_c = wm * (bn + 8) * 4 * nb
-    return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "NB": nb,
-            "SMEM_BYTES": max(pipe, stage_c), "type": f"GemmCfg<{bm}, {bn}, {bk}, {stages}, {nb}>"}
+    typ = f"GemmCfg<{bm}, {bn}, {bk}, {stages}, {nb}, true>" if tb else f"GemmCfg<{bm}, {bn}, {bk}, {stages}, {nb}>"
+    return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "NB": nb, "TB": tb,
+            "SMEM_BYTES": max(pipe, stage_c), "type": typ}
+
+
+def b_ptr(grp: Group, idx: int, m0: str) -> str:
+    """C expression of a GEMM's B operand for the rows starting at m0 (batched: that row's batch)."""
+    base = f"(const elem_t*)bufs[{idx}]"
+    if grp.batch > 1:
+        return f"{base} + (size_t)(({m0}) / {grp.mper}) * {grp.bstride}ull"
+    return base
+
+
+def ldb(grp: Group) -> int:
+    return grp.k if grp.tb else grp.cols
 
 
 @dataclass
@@ -114,7 +130,17 @@ def functor(grp: Group) -> str:
     for t, i in sym.outs.items():
         fields.append(f"elem_t* out{i}; int ld_out{i};  // {t}")
     body: list[str] = []
-    if grp.kind == "gemm":
+    if grp.cat:
+        body.append("KDSE_INLINE void apply(int r, int c) const {")
+        body.append("float x[8];")
+        for j, (t, p0, w) in enumerate(grp.cat):
+            i = sym.full[t]
+            cond = "if" if j == 0 else "else if"
+            body.append(f"{cond} (c < {p0 + w}) load8<((CG >> {i}) & 1) != 0>(in{i} + (size_t)r * ld_in{i} + (c - {p0}), x);  // {t}")
+        o = sym.outs[grp.final]
+        body.append(f"store8(out{o} + (size_t)r * ld_out{o} + c, x);")
+        body.append("}")
+    elif grp.kind == "gemm":
         body.append(f"KDSE_INLINE void apply(int r, int c, const float (&acc)[{grp.nb}][8]) const {{")
         for b, out in enumerate(grp.gemm_outs):
             if grp.values.get(out) == "acc" and out in sym.outs:
@@ -228,8 +254,10 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
         if grp.kind == "gemm":
             tl = choose_gemm_tile(grp, sm_count)
             bm, bn, bk, splits = tl["bm"], tl["bn"], tl["bk"], tl["splits"]
-            cfg = gemm_cfg(bm, bn, grp.nb, bk, tl["stages"])
+            cfg = gemm_cfg(bm, bn, grp.nb, bk, tl["stages"], grp.tb)
             m, n, k = grp.rows, grp.cols, grp.k
+            if grp.batch > 1 and grp.mper % bm:
+                raise KitsuneError(f"group {grp.ops}: {grp.mper} rows per batch is not a multiple of the tile's {bm}")
             a = bufs.idx(grp.a)
             b0 = bufs.idx(grp.weights[0])
             b1 = bufs.idx(grp.weights[1]) if grp.nb == 2 else b0
@@ -246,13 +274,13 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
                      "    const int rb = grp0 + (blockIdx.x % per_group) % gsize, ct = (blockIdx.x % per_group) / gsize;",
                      f"    const int m0 = rb * {bm};",
                      f"    const elem_t* A = (const elem_t*)bufs[{a}] + (size_t)m0 * {k};",
-                     f"    const elem_t* B0 = (const elem_t*)bufs[{b0}];",
-                     f"    const elem_t* B1 = (const elem_t*)bufs[{b1}];",
+                     f"    const elem_t* B0 = {b_ptr(grp, b0, 'm0')};",
+                     f"    const elem_t* B1 = {b_ptr(grp, b1, 'm0')};",
                      f"    const int rows_valid = min({bm}, {m} - m0);"]
             if splits == 1:
                 lines.append(f"    F_{grp.name}<0> f;")
                 lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
-                lines.append(f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, 0, {k}, ct * {bn}, f, NoWait(), smem, tm);")
+                lines.append(f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {ldb(grp)}, {n}, 0, {k}, ct * {bn}, f, NoWait(), smem, tm);")
             else:
                 wsname = f"{prefix}_{grp.name}_ws"
                 ws[wsname] = splits * grp.nb * m * n * 4
@@ -260,7 +288,7 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
                 per = -(-(-(-k // bk)) // splits) * bk
                 lines += [f"    PartialEpi<{grp.nb}> f; f.ws = (float*)bufs[{w}]; f.M = {m}; f.N = {n}; f.m0 = m0; f.split = blockIdx.z;",
                           f"    const int k0 = blockIdx.z * {per}, k1 = min({k}, k0 + {per});",
-                          f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {n}, {n}, k0, k1, ct * {bn}, f, NoWait(), smem, tm);"]
+                          f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {ldb(grp)}, {n}, k0, k1, ct * {bn}, f, NoWait(), smem, tm);"]
             lines.append("}")
             launches.append(Launch(kname, (-(-n // bn) * -(-m // bm), 1, splits), 256, cfg["SMEM_BYTES"], grp.name))
             if splits > 1:
@@ -316,8 +344,8 @@ TEAMS = 2                   # default teams (256 threads each) per CTA of the pe
 def pipeline_gemm_cfg(layout: PipelineLayout, st: Step) -> dict:
     """GEMM tile of a pipeline step: BK 64 x 3 stages (one product), BK 32 x 4 (dual)."""
     if st.group.nb == 1:
-        return gemm_cfg(layout.bm, st.bn, 1, 64, 3)
-    return gemm_cfg(layout.bm, st.bn, st.group.nb, 32, 4)
+        return gemm_cfg(layout.bm, st.bn, 1, 64, 3, st.group.tb)
+    return gemm_cfg(layout.bm, st.bn, st.group.nb, 32, 4, st.group.tb)
 
 
 def pipeline_smem(layout: PipelineLayout) -> int:
@@ -403,7 +431,11 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                 a_ptr = f"(const elem_t*)bufs[{bufs.idx(g.a)}] + (size_t)rb * {bm * g.k}"
             b0 = bufs.idx(g.weights[0])
             b1 = bufs.idx(g.weights[1]) if g.nb == 2 else b0
+            if g.batch > 1 and g.mper % bm:
+                raise KitsuneError(f"step {st.sid}: {g.mper} rows per batch is not a multiple of the row-block's {bm}")
             L.append(f"        const elem_t* A = {a_ptr};")
+            L.append(f"        const elem_t* B0 = {b_ptr(g, b0, f'rb * {bm}')};")
+            L.append(f"        const elem_t* B1 = {b_ptr(g, b1, f'rb * {bm}')};")
             if st.split_k_ring is not None:
                 ring = layout.rings[st.split_k_ring]
                 extra = ""
@@ -420,8 +452,8 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                 L.append("        NoWait hook;")
             L.append(f"        for (; i < {st.items}; i += {S}) {{")
             if st.ksplit == 1:
-                L.append(f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, (const elem_t*)bufs[{b0}], "
-                         f"(const elem_t*)bufs[{b1}], {g.cols}, {g.cols}, 0, {g.k}, i * {st.bn}, f, hook, smem, tm);")
+                L.append(f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, B0, "
+                         f"B1, {ldb(g)}, {g.cols}, 0, {g.k}, i * {st.bn}, f, hook, smem, tm);")
             else:
                 if st.kper % cfg["BK"]:
                     raise KitsuneError(f"step {st.sid}: K ranges of {st.kper} are not whole k-tiles of {cfg['BK']}")
@@ -429,8 +461,8 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                 ws = f"(float*)bufs[{bufs.idx(f'ws:{st.sid}')}] + (size_t)(rb % {st.ws_slots}) * {plane}"
                 L += [f"            const int ks = i / {st.n_tiles}, nt = i % {st.n_tiles};   // K range, column tile",
                       f"            PartialEpi<{g.nb}> pe; pe.ws = {ws}; pe.M = {bm}; pe.N = {g.cols}; pe.m0 = 0; pe.split = ks;",
-                      f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, (const elem_t*)bufs[{b0}], "
-                      f"(const elem_t*)bufs[{b1}], {g.cols}, {g.cols}, ks * {st.kper}, min({g.k}, (ks + 1) * {st.kper}), "
+                      f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, B0, "
+                      f"B1, {ldb(g)}, {g.cols}, ks * {st.kper}, min({g.k}, (ks + 1) * {st.kper}), "
                       f"nt * {st.bn}, pe, hook, smem, tm);",
                       "            team_sync(tm);   // partial stored: count it; the last range sums",
                       "            int last = 0;",

@@ -46,16 +46,19 @@ def predicted_for(plan: dict, region: dict, variant: str) -> dict:
 
 
 def _fill_inputs(reg, tensors, roles):
-    from kitsune_dse.validate.reference import random_tensor
+    from kitsune_dse.validate.reference import fill_physical, logical_shape, random_tensor
     for t in reg.inputs:
         role, scale = roles[t]
         a = tensors.get(t)
-        a[...] = random_tensor(a.shape, role, scale, reg.dtype)
+        if reg.padded(t):   # logical values, zeros in the pads
+            fill_physical(reg, t, a, random_tensor(logical_shape(reg, t), role, scale, reg.dtype))
+        else:
+            a[...] = random_tensor(a.shape, role, scale, reg.dtype)
 
 
 def check_variant(v, reg, tensors, roles, stream, checks: int = 2) -> dict:
     """`checks` runs on fresh random inputs with poisoned outputs; the worst error wins."""
-    from kitsune_dse.validate.reference import compare, reference
+    from kitsune_dse.validate.reference import compare, reference, to_logical
     worst = {"rel_err": 0.0, "max_rel_err": 0.0, "correct": True, "checks": 0}
     for _ in range(checks):
         _fill_inputs(reg, tensors, roles)
@@ -65,7 +68,7 @@ def check_variant(v, reg, tensors, roles, stream, checks: int = 2) -> dict:
         v.after()
         ref = reference(reg, {t: tensors.get(t) for t in reg.inputs})
         for t, out in v.outputs().items():
-            c = compare(out, ref[t], reg.dtype)
+            c = compare(to_logical(reg, t, out), ref[t], reg.dtype)
             worst["rel_err"] = max(worst["rel_err"], c["rel_err"])
             worst["max_rel_err"] = max(worst["max_rel_err"], c["max_rel_err"])
             worst["correct"] = worst["correct"] and c["correct"]
@@ -111,7 +114,7 @@ def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, v
                       checks, warm, console, plan_name, date, command, tnotes, ncu_bytes):
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.measure import time_runs
-    from kitsune_dse.validate.reference import compare, input_roles
+    from kitsune_dse.validate.reference import compare, input_roles, to_logical
     from kitsune_dse.validate.runtime import Tensors, make_variants
     rows: list[dict] = []
     for ri, region in enumerate(plan["regions"]):
@@ -137,7 +140,7 @@ def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, v
                 t_warm = time_runs(v.run, v.pre, v.after, stream, runs, 1, None) if warm else None
                 # the last timed run, on the last check's inputs, must be right too
                 for t, out in v.outputs().items():
-                    c = compare(out, ref[t], reg.dtype)
+                    c = compare(to_logical(reg, t, out), ref[t], reg.dtype)
                     chk["rel_err"] = max(chk["rel_err"], c["rel_err"])
                     chk["max_rel_err"] = max(chk["max_rel_err"], c["max_rel_err"])
                     chk["correct"] = chk["correct"] and c["correct"]

@@ -49,6 +49,12 @@ def rows_cols(shape) -> tuple[int, int]:
     return int(math.prod(shape[:-1])), int(shape[-1])
 
 
+def seg_width(segs) -> int:
+    """Physical columns of a segment layout (each segment padded to a multiple of 8)."""
+    ls, w, ps = segs[-1]
+    return ps + -(-w // 8) * 8
+
+
 @dataclass
 class Arg:
     kind: str          # "val" (a chain value), "acc" (GEMM accumulator b), "full", "vec"
@@ -87,6 +93,11 @@ class Group:
     stores: list[str] = field(default_factory=list)
     final: str = ""
     tile: dict | None = None               # GEMM tile override {bm, bn, bk, stages, splits}
+    tb: bool = False                       # GEMM B stored transposed ([N, K] row-major, bmm trans_b)
+    batch: int = 1                         # batched GEMM: B changes every `mper` rows of A
+    mper: int = 0                          # rows of A (and C) per batch
+    bstride: int = 0                       # elements between consecutive batches of B
+    cat: list = field(default_factory=list)  # last-axis concat: [(input, physical start, physical width)]
 
     @property
     def name(self) -> str:
@@ -97,7 +108,7 @@ class Group:
         return len(self.gemms)
 
     def full_inputs(self) -> list[str]:
-        seen: dict[str, None] = {}
+        seen: dict[str, None] = {t: None for t, _, _ in self.cat}
         if self.row_op and self.values.get(self.row_in) == "ext":
             seen[self.row_in] = None
         for c in self.pre + self.chain:
@@ -167,16 +178,88 @@ class Region:
                                                  for t in graph.op(o).outputs) if t in outside]
         self.weight_like = {self.root(graph.op(o).inputs[1]) for o in self.ops
                             if graph.op(o).kind in ("matmul", "gemm")}
+        # physical layouts: a last dimension that is not a multiple of 8 is padded to one (16-byte
+        # vectors); a last-axis concat lays out each input at a multiple of 8; a GEMM's B takes
+        # its A's layout along K (zero rows in the pads). Only padded tensors get entries.
+        self.cseg: dict[str, list[tuple[int, int, int]]] = {}   # (logical start, width, physical start)
+        self.rseg: dict[str, list[tuple[int, int, int]]] = {}   # rows of a B operand (K)
+        self._layouts()
 
     def root(self, t: str) -> str:
         while t in self.alias:
             t = self.alias[t]
         return t
 
-    def shape2(self, t: str) -> tuple[int, int]:
+    def lshape2(self, t: str) -> tuple[int, int]:
+        """Logical (rows, cols) of a tensor, as the graph has it."""
         if t in self.extra_shapes:
             return self.extra_shapes[t]
         return rows_cols(self.graph.tensors[t].shape)
+
+    def shape2(self, t: str) -> tuple[int, int]:
+        """Physical (rows, cols) as the harness stores it (padded where the layout says)."""
+        if t in self.extra_shapes:
+            return self.extra_shapes[t]
+        r, c = rows_cols(self.graph.tensors[t].shape)
+        if t in self.rseg:
+            r = seg_width(self.rseg[t])
+        if t in self.cseg:
+            c = seg_width(self.cseg[t])
+        return r, c
+
+    def segments(self, t: str) -> list[tuple[int, int, int]]:
+        return self.cseg.get(t) or [(0, self.lshape2(t)[1], 0)]
+
+    def padded(self, t: str) -> bool:
+        return t in self.cseg or t in self.rseg
+
+    def _layouts(self) -> None:
+        g = self.graph
+
+        def default(t):
+            t = self.root(t)
+            if t not in self.cseg and t not in self._seen:
+                self._seen.add(t)
+                c = self.lshape2(t)[1]
+                if c % 8:
+                    self.cseg[t] = [(0, c, 0)]
+        self._seen: set[str] = set()
+        for name in self.ops:
+            op = g.op(name)
+            ins = [self.root(t) for t in op.inputs]
+            out = self.root(op.outputs[0])
+            for t in ins:
+                default(t)
+            if op.kind in ("matmul", "gemm", "bmm"):
+                a, b = ins[0], ins[1]
+                if a in self.cseg:
+                    if op.attrs.get("trans_b"):
+                        self.cseg[b] = list(self.cseg[a])
+                    else:
+                        self.rseg[b] = list(self.cseg[a])
+                default(out)
+                if out in self.cseg and not op.attrs.get("trans_b"):
+                    self.cseg[b] = list(self.cseg[out])
+                    if len(ins) > 2 and len(g.tensors[ins[2]].shape) == 1:
+                        self.cseg[ins[2]] = list(self.cseg[out])
+                self._seen.add(out)
+            elif op.kind == "concat" and int(op.attrs.get("axis", -1)) in (-1, len(g.tensors[out].shape) - 1):
+                segs, lpos, ppos = [], 0, 0
+                for t in ins:
+                    for ls, w, ps in self.segments(t):
+                        segs.append((lpos + ls, w, ppos + ps))
+                    lpos += self.lshape2(t)[1]
+                    ppos += seg_width(self.segments(t))
+                if any(ps != ls for ls, _, ps in segs) or ppos != lpos:
+                    self.cseg[out] = segs
+                self._seen.add(out)
+            else:
+                src = next((t for t in ins if self.lshape2(t) == self.lshape2(out)), None)
+                if src is not None and src in self.cseg:
+                    self.cseg[out] = list(self.cseg[src])
+                    self._seen.add(out)
+                else:
+                    default(out)
 
     def consumers_in(self, t: str, ops: list[str]) -> list[str]:
         """Ops in `ops` that read tensor t (through views)."""
@@ -186,10 +269,10 @@ class Region:
 # -- fusion ---------------------------------------------------------------------------------------
 def _operand_kind(reg: Region, t: str, rows: int, cols: int) -> str | None:
     shape = reg.graph.tensors[t].shape
-    r, c = rows_cols(shape)
-    if (r, c) == (rows, cols):
+    r, c = reg.shape2(t)
+    if (r, c) == (rows, cols) and rows_cols(shape)[0] == rows:
         return "full"
-    if math.prod(shape) == cols and shape[-1] == cols:
+    if math.prod(shape) == shape[-1] and c == cols:
         return "vec"
     return None
 
@@ -204,19 +287,27 @@ def _new_group(reg: Region, gid: int, name: str) -> Group:
     op = g.op(name)
     out = reg.root(op.outputs[0])
     rows, cols = reg.shape2(out)
-    if op.kind in ("matmul", "gemm"):
-        if op.attrs.get("trans_a") or op.attrs.get("trans_b"):
-            raise _unsupported(reg, name, "transposed operands are not supported by the harness")
+    if op.kind in ("matmul", "gemm", "bmm"):
+        if op.attrs.get("trans_a"):
+            raise _unsupported(reg, name, "a transposed A operand is not supported by the harness")
         gd = op.info.gemm
-        if gd.batch != 1:
-            raise _unsupported(reg, name, "batched matmul is not supported by the harness")
         a, w = reg.root(op.inputs[0]), reg.root(op.inputs[1])
-        if len(g.tensors[w].shape) != 2:
-            raise _unsupported(reg, name, "B must be a 2-D matrix")
-        if gd.k % 8 or gd.n % 8:
-            raise _unsupported(reg, name, f"K={gd.k} and N={gd.n} must be multiples of 8")
+        tb = bool(op.attrs.get("trans_b"))
+        k = reg.shape2(a)[1]               # physical K (A's padded columns)
+        ashape, wshape = g.tensors[a].shape, g.tensors[w].shape
+        batch, mper, bstride = 1, 0, 0
+        if gd.batch != 1:
+            if math.prod(ashape[:-2]) != gd.batch or math.prod(wshape[:-2]) != gd.batch:
+                raise _unsupported(reg, name, "batched matmul with broadcast batch dimensions")
+            if reg.padded(a) or reg.padded(w) or reg.padded(out):
+                raise _unsupported(reg, name, f"batched matmul needs K={gd.k} and N={gd.n} multiples of 8")
+            batch, mper, bstride = gd.batch, gd.m, gd.n * gd.k
+        elif len(wshape) != 2:
+            raise _unsupported(reg, name, "B must be a 2-D matrix (or batched like A)")
+        if (reg.shape2(w)[1] if tb else reg.shape2(w)[0]) != k * (1 if batch == 1 or tb else batch):
+            raise _unsupported(reg, name, f"B's K layout does not match A's ({reg.shape2(w)} vs K={k})")
         grp = Group(gid, "gemm", [name], rows, cols, gemms=[name], gemm_outs=[out], a=a, weights=[w],
-                    k=gd.k)
+                    k=k, tb=tb, batch=batch, mper=mper, bstride=bstride)
         grp.values[out] = "acc"
         if len(op.inputs) == 3:
             bias = reg.root(op.inputs[2])
@@ -225,6 +316,24 @@ def _new_group(reg: Region, gid: int, name: str) -> Group:
                 raise _unsupported(reg, name, "bias must be a vector over N or a full [M, N] tensor")
             grp.chain.append(ChainOp(out, "({a0} + {a1})", [Arg("acc", 0), Arg(kind, bias)]))
             grp.values[out] = "post"
+        grp.final = out
+        return grp
+    if op.kind == "concat":
+        shape = g.tensors[out].shape
+        if int(op.attrs.get("axis", -1)) not in (-1, len(shape) - 1):
+            raise _unsupported(reg, name, "concat along an axis other than the last")
+        grp = Group(gid, "ew", [name], rows, cols)
+        pos = 0
+        for t in op.inputs:
+            t = reg.root(t)
+            r, c = reg.shape2(t)
+            if r != rows:
+                raise _unsupported(reg, name, f"input {t!r} has {r} rows, the output {rows}")
+            grp.cat.append((t, pos, c))
+            pos += c
+        if pos != cols:
+            raise _unsupported(reg, name, f"physical widths add up to {pos}, the output has {cols}")
+        grp.values[out] = "post"
         grp.final = out
         return grp
     if cols % 8:
@@ -244,6 +353,8 @@ def _new_group(reg: Region, gid: int, name: str) -> Group:
 
 def _add_row_op(reg: Region, grp: Group, name: str, x: str, external: bool) -> None:
     op = reg.graph.op(name)
+    if reg.padded(x):
+        raise _unsupported(reg, name, f"a row op over {reg.lshape2(x)[1]} columns (not a multiple of 8)")
     if op.kind == "softmax" and int(op.attrs.get("axis", -1)) not in (-1, len(reg.graph.tensors[op.inputs[0]].shape) - 1):
         raise _unsupported(reg, name, "softmax over an axis other than the last")
     grp.ops.append(name)
@@ -316,15 +427,19 @@ def _producer(reg: Region, t: str) -> str:
 
 def _try_absorb(reg: Region, grp: Group, name: str) -> bool:
     op = reg.graph.op(name)
+    if grp.cat or op.kind == "concat":
+        return False
+    if op.kind == "bmm":
+        return False
     if op.kind in ("matmul", "gemm"):
-        if grp.kind != "gemm" or grp.nb != 1 or grp.chain and any(
+        if grp.kind != "gemm" or grp.nb != 1 or grp.tb or grp.batch != 1 or grp.chain and any(
                 c.out != reg.root(reg.graph.op(grp.gemms[0]).outputs[0]) for c in grp.chain):
             return False
         if op.attrs.get("trans_a") or op.attrs.get("trans_b") or op.info.gemm.batch != 1:
             return False
         a, w = reg.root(op.inputs[0]), reg.root(op.inputs[1])
         out = reg.root(op.outputs[0])
-        if a != grp.a or reg.shape2(out) != (grp.rows, grp.cols) or op.info.gemm.k != grp.k:
+        if a != grp.a or reg.shape2(out) != (grp.rows, grp.cols) or reg.shape2(w) != reg.shape2(grp.weights[0]):
             return False
         grp.gemms.append(name)
         grp.gemm_outs.append(out)
@@ -380,7 +495,7 @@ def _set_stores(reg: Region, groups: list[Group]) -> None:
     for grp in groups:
         others = [o for g2 in groups if g2 is not grp for o in g2.ops]
         produced = [c.out for c in grp.pre + grp.chain]
-        if grp.row_op:
+        if grp.row_op or grp.cat:
             produced.append(grp.final)
         produced += [reg.root(reg.graph.op(m).outputs[0]) for m in grp.gemms]
         stores = []
@@ -409,11 +524,11 @@ def cublas_plan(reg: Region) -> list[tuple[str, object]]:
             continue
         out = grp.gemm_outs[0]
         if not grp.chain:
-            steps.append(("cublas", (grp.a, grp.weights[0], out)))
+            steps.append(("cublas", (grp.a, grp.weights[0], out, grp)))
             continue
         raw = out + ":raw"
         reg.extra_shapes[raw] = (grp.rows, grp.cols)
-        steps.append(("cublas", (grp.a, grp.weights[0], raw)))
+        steps.append(("cublas", (grp.a, grp.weights[0], raw, grp)))
         bias = grp.chain[0].args[1]
         ew = Group(gid, "ew", list(grp.ops), grp.rows, grp.cols,
                    chain=[ChainOp(out, "({a0} + {a1})", [Arg("full", raw), bias])],

@@ -39,6 +39,39 @@ def from_f32(x, dtype: str):
     return b.astype(cp.uint16)
 
 
+def to_logical(reg: Region, t: str, a):
+    """The graph's (logical) 2-D or 1-D view of a physically padded tensor (a copy if padded)."""
+    cp = _cp()
+    if not reg.padded(t):
+        return a
+    x = a if a.ndim == 2 else a.reshape(1, -1)
+    if t in reg.rseg:
+        x = cp.concatenate([x[ps:ps + w] for _, w, ps in reg.rseg[t]], axis=0)
+    if t in reg.cseg:
+        x = cp.concatenate([x[:, ps:ps + w] for _, w, ps in reg.cseg[t]], axis=1)
+    return x if a.ndim == 2 else x.reshape(-1)
+
+
+def fill_physical(reg: Region, t: str, phys, logical) -> None:
+    """Write logical values into a padded tensor's storage, zeros in every pad."""
+    if not reg.padded(t):
+        phys[...] = logical.reshape(phys.shape)
+        return
+    phys.fill(0)
+    p = phys if phys.ndim == 2 else phys.reshape(1, -1)
+    lg = logical if logical.ndim == 2 else logical.reshape(1, -1)
+    rsegs = reg.rseg.get(t) or [(0, lg.shape[0], 0)]
+    csegs = reg.cseg.get(t) or [(0, lg.shape[1], 0)]
+    for rl, rw, rp in rsegs:
+        for cl, cw, cpos in csegs:
+            p[rp:rp + rw, cpos:cpos + cw] = lg[rl:rl + rw, cl:cl + cw]
+
+
+def logical_shape(reg: Region, t: str):
+    shape = reg.graph.tensors[t].shape
+    return (int(shape[0]),) if len(shape) == 1 else reg.lshape2(t)
+
+
 def input_roles(reg: Region) -> dict[str, tuple[str, float]]:
     """tensor -> (role, scale): weights N(0,1)/sqrt(K), biases 0.1 N, gamma 1 + 0.1 N, beta 0.1 N,
     activations N(0,1)."""
@@ -75,7 +108,7 @@ def reference(reg: Region, inputs: dict) -> dict:
     """fp32 values of every tensor the region produces (by root name), as 2-D or 1-D arrays."""
     cp = _cp()
     g = reg.graph
-    env = {t: to_f32(a, reg.dtype) for t, a in inputs.items()}
+    env = {t: to_f32(to_logical(reg, t, a), reg.dtype) for t, a in inputs.items()}
 
     def val(t):
         return env[reg.root(t)]
@@ -86,11 +119,20 @@ def reference(reg: Region, inputs: dict) -> dict:
         if name not in reg.ops:
             continue
         k = op.kind
-        rows, cols = reg.shape2(out)
+        rows, cols = reg.lshape2(out)
         args = [val(t) for t in op.inputs]
-        if k in ("matmul", "gemm"):
+        if k in ("matmul", "gemm", "bmm") and op.info.gemm.batch > 1:
+            gd = op.info.gemm
+            a = args[0].reshape(gd.batch, gd.m, gd.k)
+            b = args[1].reshape(gd.batch, gd.n, gd.k).transpose(0, 2, 1) if op.attrs.get("trans_b") \
+                else args[1].reshape(gd.batch, gd.k, gd.n)
+            r = cp.matmul(a, b).reshape(rows, cols)
+        elif k == "concat":
+            r = cp.concatenate([x.reshape(rows, -1) for x in args], axis=1)
+        elif k in ("matmul", "gemm", "bmm"):
             a = args[0].reshape(-1, args[0].shape[-1])
-            r = a @ args[1]
+            b = args[1].T if op.attrs.get("trans_b") else args[1]
+            r = a @ b
             if len(args) > 2:
                 b = args[2]
                 r = r + (b.reshape(r.shape) if b.size == r.size else b.reshape(-1))

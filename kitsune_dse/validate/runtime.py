@@ -145,7 +145,7 @@ class Tensors:
         if t in self.reg.extra_shapes:
             return self.reg.extra_shapes[t]
         shape = self.reg.graph.tensors[t].shape
-        return (shape[0],) if len(shape) == 1 else self.reg.shape2(t)
+        return (self.reg.shape2(t)[1],) if len(shape) == 1 else self.reg.shape2(t)
 
     def get(self, t: str):
         if t not in self.arrays:
@@ -234,9 +234,17 @@ class StandaloneVariant(Variant):
         else:
             for kind, obj in self.cublas_steps:
                 if kind == "cublas":
-                    a, b, out = obj
-                    A = self.tensors.get(a)
-                    self.calls.append(("mm", (A.reshape(-1, A.shape[-1]), self.tensors.get(b), self.tensors.get(out))))
+                    a, b, out, grp = obj
+                    A, B, C = self.tensors.get(a), self.tensors.get(b), self.tensors.get(out)
+                    A = A.reshape(-1, grp.k)
+                    if grp.batch > 1:   # strided batched GEMM (cuBLAS through CuPy)
+                        A = A.reshape(grp.batch, grp.mper, grp.k)
+                        B = (B.reshape(grp.batch, grp.cols, grp.k).transpose(0, 2, 1) if grp.tb
+                             else B.reshape(grp.batch, grp.k, grp.cols))
+                        C = C.reshape(grp.batch, grp.mper, grp.cols)
+                    elif grp.tb:
+                        B = B.T
+                    self.calls.append(("mm", (A, B, C)))
                 else:
                     self.calls += [("k", x) for x in by_group.get(obj.name, [])]
         self.launches_per_run = len(self.calls)
@@ -395,7 +403,7 @@ def make_variants(reg: Region, plan_region: dict, tensors: Tensors, info: Device
         out.append(StandaloneVariant("fusion", reg, tensors, info, fusion_groups(reg), prefix="fus"))
     if ok("fusion-graph"):
         out.append(StandaloneVariant("fusion-graph", reg, tensors, info, fusion_groups(reg), graph=True, prefix="fus"))
-    if ok("cublas") and any(reg.graph.op(o).kind in ("matmul", "gemm") for o in reg.ops):
+    if ok("cublas") and any(reg.graph.op(o).kind in ("matmul", "gemm", "bmm") for o in reg.ops):
         if reg.dtype == "fp16":
             out.append(StandaloneVariant("cublas", reg, tensors, info, [], prefix="cub",
                                          cublas_steps=cublas_plan(reg)))

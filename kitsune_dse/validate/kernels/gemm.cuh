@@ -9,14 +9,17 @@
 #pragma once
 #include "common.cuh"
 
-template <int BM_, int BN_, int BK_, int STAGES_, int NB_>
+// TB_: B is stored transposed, [N x K] row-major (a bmm with trans_b: Q K^T); it is staged as BN
+// rows of BK (+8) and read with ldmatrix without .trans.
+template <int BM_, int BN_, int BK_, int STAGES_, int NB_, bool TB_ = false>
 struct GemmCfg {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, NB = NB_;
+    static constexpr bool TB = TB_;
     static constexpr int THREADS = 256;
     static constexpr int WM = BM / 2, WN = BN / 4;
     static constexpr int MI = WM / 16, NI = WN / 8;
-    static constexpr int A_LD = BK + 8, B_LD = BN + 8;          // padded rows: no ldmatrix bank conflicts
-    static constexpr int A_STAGE = BM * A_LD, B_STAGE = BK * B_LD;  // elements
+    static constexpr int A_LD = BK + 8, B_LD = TB ? BK + 8 : BN + 8;   // padded rows: no ldmatrix bank conflicts
+    static constexpr int A_STAGE = BM * A_LD, B_STAGE = (TB ? BN : BK) * B_LD;  // elements
     static constexpr int STAGE = A_STAGE + NB * B_STAGE;
     static constexpr int PIPE_BYTES = STAGES * STAGE * 2;
     static constexpr int C_LD = BN + 8;                          // fp32 staging row stride
@@ -70,10 +73,17 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
 #pragma unroll
             for (int i = 0; i < BK * BN / 8 / Cfg::THREADS; ++i) {
                 const int c = tid + i * Cfg::THREADS;
-                const int kr = c / (BN / 8), nc = (c % (BN / 8)) * 8;
-                const bool ok = kb + kr < k_end && n0 + nc + 8 <= N;
-                const elem_t* src = ok ? B + (size_t)(kb + kr) * ldb + n0 + nc : B;
-                cp_async16(Bs + kr * Cfg::B_LD + nc, src, ok);
+                if constexpr (Cfg::TB) {
+                    const int nr = c / (BK / 8), kc = (c % (BK / 8)) * 8;
+                    const bool ok = n0 + nr < N && kb + kc + 8 <= k_end;
+                    const elem_t* src = ok ? B + (size_t)(n0 + nr) * ldb + kb + kc : B;
+                    cp_async16(Bs + nr * Cfg::B_LD + kc, src, ok);
+                } else {
+                    const int kr = c / (BN / 8), nc = (c % (BN / 8)) * 8;
+                    const bool ok = kb + kr < k_end && n0 + nc + 8 <= N;
+                    const elem_t* src = ok ? B + (size_t)(kb + kr) * ldb + n0 + nc : B;
+                    cp_async16(Bs + kr * Cfg::B_LD + nc, src, ok);
+                }
             }
         }
     };
@@ -111,7 +121,11 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
 #pragma unroll
                 for (int nj = 0; nj < NI / 2; ++nj) {
                     u32 r[4];
-                    ldmatrix_x4_trans(r, Bs + (kk * 16 + (lane & 15)) * Cfg::B_LD + wn * WN + nj * 16 + (lane >> 4) * 8);
+                    if constexpr (Cfg::TB)   // [n][k] rows: matrices (n0-7,k0-7) (n0-7,k8-15) (n8-15,k0-7) (n8-15,k8-15)
+                        ldmatrix_x4(r, Bs + (wn * WN + nj * 16 + (lane & 7) + ((lane >> 4) << 3)) * Cfg::B_LD
+                                           + kk * 16 + ((lane >> 3) & 1) * 8);
+                    else
+                        ldmatrix_x4_trans(r, Bs + (kk * 16 + (lane & 15)) * Cfg::B_LD + wn * WN + nj * 16 + (lane >> 4) * 8);
                     bf[2 * nj][0] = r[0]; bf[2 * nj][1] = r[1];
                     bf[2 * nj + 1][0] = r[2]; bf[2 * nj + 1][1] = r[3];
                 }

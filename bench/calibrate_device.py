@@ -1,0 +1,310 @@
+"""Calibration on the device machine: the `calibrate` microbenchmarks plus the validation
+harness's own kernels, dumped as raw JSON (the fit runs elsewhere: kitsune_dse.calibrate.fit
+imports pydantic, which the device machine lacks).
+
+    here:    python bench/calibrate_device.py --precompile      # cubins into bench/.cubin_cache
+    device:  python3 bench/calibrate_device.py --out $OUT [--smoke 'glob,...']
+    here:    python bench/calibrate_device.py --fit RAW.json    # -> hw_specs/h100-sxm*.calibrated.yaml
+
+Measurements (SI units) in calibration.raw.json:
+  everything of kitsune_dse.calibrate.microbench.run_all(): HBM and L2 read bandwidth against
+  SMs used, SIMT FP32 rate, cuBLAS fp16/bf16 GEMM, launch overhead (eager and CUDA graph),
+  cross-SM flag hand-off latency;
+  tile_gemm_fp16      [(n, FLOP/s)] the harness's standalone GEMM tile kernel (mma.sync, 128x128x64,
+                      3 stages, 2 CTAs/SM) on n^3 problems: what bsp/fusion/plan kernels run;
+  tile_gemm_shapes    [{m, n, k, tile_flop_per_s, cublas_flop_per_s}] the GEMM shapes of the suite;
+  pipe_gemm_fp16_sms  [(sms, FLOP/s)] the persistent pipeline kernel with ONE stage (one GEMM,
+                      two 256-thread teams per CTA, one CTA per SM) on `sms` SMs: a pipeline
+                      stage's tensor rate against its SM share;
+  pipe_ew_sms         [(sms, bytes/s)] the same kernel running an elementwise add (read 2, write 1)
+                      on `sms` SMs: a memory-bound stage's bandwidth against its SM share;
+  env                 GPU, clocks, driver, CuPy, date.
+Every spin in these kernels has a %globaltimer timeout (microbench ping-pong; pipeline waits).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+if (ROOT / "bench/.cubin_cache").is_dir():
+    os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
+
+SQUARES = (1024, 2048, 4096, 8192)
+# (m, n, k): the GEMMs of the validation suite (bench/validate_suite.py)
+SUITE_SHAPES = [
+    (2048, 6144, 12288), (2048, 12288, 6144),        # gpt3-mlp tokens 2048 tp 8
+    (64, 49152, 12288), (64, 12288, 49152),          # gpt3-mlp tokens 64
+    (2048, 11008, 4096), (2048, 4096, 11008),        # llama2-7b-mlp tokens 2048
+    (4096, 4096, 4096),                              # ln-residual-gemm
+    (262144, 256, 256),                              # nerf-mlp hidden layers
+    (2048, 1024, 1024), (2048, 256, 512),            # dlrm-top-mlp
+    (16384, 3072, 768), (16384, 768, 3072),          # bert-base FFN (gpt3-mlp hidden 768)
+]
+PIPE_SMS = (8, 16, 33, 66, 99, 132)
+PIPE_GEMM = (4096, 4096, 4096)
+PIPE_EW = (8192, 8192)
+
+
+def tile_cases():
+    cases = [("gemm", "fp16", "matmul", (n, n, n)) for n in SQUARES]
+    cases += [("gemm", "fp16", "matmul", s) for s in SUITE_SHAPES if s[0] != s[1] or s[1] != s[2]]
+    return cases
+
+
+def pipe_region(kind: str, dims, sms: int):
+    from kitsune_dse.validate.microbench import case_model
+    g, region = case_model(kind, "fp16", dims)
+    ops = list(region["ops"])
+    region = {"id": 0, "strategy": "pipeline", "ops": ops,
+              "stages": [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": {"rows": 128, "cols": 128}}],
+              "queues": []}
+    return g, region
+
+
+def pipe_variants(info):
+    """(kind, sms, Region, PipelineVariant) of the one-stage pipeline cases (build only)."""
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.runtime import PipelineVariant, Tensors
+    out = []
+    for kind, dims in (("matmul", PIPE_GEMM), ("add", PIPE_EW)):
+        for s in PIPE_SMS:
+            g, region = pipe_region(kind, dims, s)
+            reg = Region(g, region)
+            out.append((kind, s, reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
+    return out
+
+
+def precompile(arch: str = "sm_90", sms: int = 132) -> None:
+    import concurrent.futures as cf
+
+    sys.path.insert(0, str(ROOT / "bench"))
+    from precompile import compile_one  # noqa: E402
+
+    from kitsune_dse.validate.microbench import case_variants
+    from kitsune_dse.validate.plan import DeviceInfo
+    info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch=arch, sm_count=sms)
+    srcs = []
+    for _, _, _, vs in case_variants(info, cases=tile_cases()):
+        srcs += [v.build() for v in vs]
+    srcs += [v.build() for *_, v in pipe_variants(info)]
+    srcs = list(dict.fromkeys(srcs))
+    out = ROOT / "bench/.cubin_cache"
+    out.mkdir(parents=True, exist_ok=True)
+    with cf.ThreadPoolExecutor(8) as ex:
+        for r in ex.map(lambda s: compile_one(s, arch, out), srcs):
+            print(r[:300], flush=True)
+
+
+def measure_tiles(runs: int, log) -> tuple[list, list, list]:
+    import cupy as cp
+
+    from kitsune_dse.validate.measure import L2Flusher
+    from kitsune_dse.validate.microbench import _run_case, case_variants
+    from kitsune_dse.validate.runtime import gpu_info
+    info, _ = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = L2Flusher()
+    rows = []
+    with stream:
+        for case in case_variants(info, cases=tile_cases()):
+            rows += _run_case(case, stream, flush, runs, None)
+            log(f"  tile {rows[-1].get('shape')}: " + ", ".join(
+                f"{r['impl']} {r.get('tflops', 0):.0f} TFLOP/s ok={r.get('correct')}" for r in rows[-2:]
+                if r.get('shape') == rows[-1].get('shape')))
+    squares, shapes = [], []
+    by = {}
+    for r in rows:
+        by.setdefault(r["shape"], {})[r["impl"]] = r
+    for shape, d in by.items():
+        m, n, k = (int(x) for x in shape.split("x"))
+        t, c = d.get("tile", {}), d.get("cublas", {})
+        ok = bool(t.get("correct"))
+        rate = t["flops"] / t["time_s"] if ok and t.get("time_s") else None
+        crate = c["flops"] / c["time_s"] if c.get("correct") and c.get("time_s") else None
+        if m == n == k and rate:
+            squares.append((n, rate))
+        shapes.append({"m": m, "n": n, "k": k, "tile_flop_per_s": rate, "cublas_flop_per_s": crate,
+                       "tile_time_s": t.get("time_s"), "cublas_time_s": c.get("time_s"),
+                       "tile_error": t.get("error"), "cublas_error": c.get("error")})
+    return squares, shapes, rows
+
+
+def measure_pipes(runs: int, log) -> tuple[list, list, list]:
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import check_variant
+    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.reference import input_roles
+    from kitsune_dse.validate.runtime import gpu_info
+    info, _ = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = L2Flusher()
+    gemm, ew, rows = [], [], []
+    with stream:
+        for kind, s, reg, v in pipe_variants(info):
+            row = {"kind": kind, "sms": s}
+            try:
+                v.prepare()
+                chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
+                t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flush, poison_every=False)
+                g = reg.graph
+                nbytes = sum(g.tensors[x].nbytes for x in list(g.inputs) + list(g.weights) + list(g.outputs))
+                row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"],
+                           rel_err=chk["rel_err"], flops=g.total_flops, bytes=nbytes,
+                           placement=v.placement)
+                if chk["correct"]:
+                    if kind == "matmul":
+                        gemm.append((s, g.total_flops / t.median_s))
+                    else:
+                        ew.append((s, nbytes / t.median_s))
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
+            log(f"  pipe {kind} on {s} SMs: " + (f"{row['time_s'] * 1e6:.0f} us ok={row['correct']}"
+                                                 if "time_s" in row else row.get("error", "")))
+            v.tensors.arrays.clear()
+            cp.get_default_memory_pool().free_all_blocks()
+    return gemm, ew, rows
+
+
+def device(out: Path, runs: int, smoke: str) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.time()
+
+    def log(msg):
+        print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
+
+    from kitsune_dse.validate.harness import env_summary
+    raw: dict = {"env": env_summary()}
+    raw_path = out / "calibration.raw.json"
+
+    def dump():
+        raw_path.write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    log("env " + json.dumps(raw["env"]))
+    try:
+        from kitsune_dse.calibrate.microbench import run_all
+        raw.update(run_all(lambda i, n, what: log(f"  {i}/{n} {what}")))
+    except Exception as e:  # noqa: BLE001
+        raw["run_all_error"] = traceback.format_exc()
+        log(f"run_all FAILED: {e}")
+    dump()
+    try:
+        sq, shapes, rows = measure_tiles(runs, log)
+        raw["tile_gemm_fp16"], raw["tile_gemm_shapes"] = sq, shapes
+        raw["tile_rows"] = rows
+    except Exception:  # noqa: BLE001
+        raw["tile_error"] = traceback.format_exc()
+        log("tiles FAILED\n" + raw["tile_error"])
+    dump()
+    try:
+        g, e, rows = measure_pipes(max(5, runs // 2), log)
+        raw["pipe_gemm_fp16_sms"], raw["pipe_ew_sms"], raw["pipe_rows"] = g, e, rows
+    except Exception:  # noqa: BLE001
+        raw["pipe_error"] = traceback.format_exc()
+        log("pipes FAILED\n" + raw["pipe_error"])
+    raw["elapsed_s"] = time.time() - t0
+    dump()
+    log(f"calibration done -> {raw_path}")
+    summary(raw, log)
+    if smoke:
+        smoke_plans(out, smoke, log)
+
+
+def smoke_plans(out: Path, globs: str, log) -> None:
+    """Quick correctness + timing of plans (few runs) -> smoke.csv."""
+    import glob
+
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import validate_plan, write_csv
+    rows = []
+    for g in globs.split(","):
+        for p in sorted(glob.glob(g)):
+            try:
+                rows += validate_plan(p, runs=5, warmup=2, checks=2, warm=False,
+                                      variants=["plan", "bsp-eager", "bsp-graph", "fusion", "cublas"])
+            except Exception as e:  # noqa: BLE001
+                rows.append({"plan": Path(p).stem, "region": "-", "variant": "all", "correct": False,
+                             "error": f"{type(e).__name__}: {e}"})
+            cp.get_default_memory_pool().free_all_blocks()
+            for r in rows:
+                if r.get("plan") == Path(p).stem:
+                    log(f"  smoke {r['plan']} r{r['region']} {r['variant']}: "
+                        + (f"{r['measured_latency_s'] * 1e6:.1f} us ok={r['correct']} err={r.get('rel_err')}"
+                           if isinstance(r.get("measured_latency_s"), float) else f"ERROR {r.get('error')}"))
+    write_csv(rows, out / "smoke.csv")
+
+
+def summary(raw: dict, log) -> None:
+    def tb(x):
+        return f"{x / 1e12:.2f}"
+    log("HBM read vs SMs (TB/s): " + " ".join(f"{s}:{tb(v)}" for s, v in raw.get("hbm_read", [])))
+    log("L2 read vs SMs (TB/s): " + " ".join(f"{s}:{tb(v)}" for s, v in raw.get("l2_read", [])))
+    log("cuBLAS fp16: " + " ".join(f"{n}:{v / 1e12:.0f}" for n, v in raw.get("gemm_fp16", [])))
+    log("tile fp16: " + " ".join(f"{n}:{v / 1e12:.0f}" for n, v in raw.get("tile_gemm_fp16", [])))
+    log("pipe gemm vs SMs (TFLOP/s): " + " ".join(f"{s}:{v / 1e12:.0f}" for s, v in raw.get("pipe_gemm_fp16_sms", [])))
+    log("pipe add vs SMs (TB/s): " + " ".join(f"{s}:{tb(v)}" for s, v in raw.get("pipe_ew_sms", [])))
+    log(f"launch {raw.get('launch')}; sync {raw.get('sync_latency_s')}; fp32 {raw.get('fp32_flop_per_s')}")
+
+
+def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs") -> None:
+    """Here (pydantic): the two calibrated specs from one raw JSON."""
+    import yaml
+
+    from kitsune_dse.calibrate.fit import calibrated_spec, check_finite
+    from kitsune_dse.hw import load_spec
+    raw = json.loads(raw_path.read_text())
+    check_finite(raw)
+    spec = load_spec(base)
+    harness, res = calibrated_spec(spec, raw)            # tensor_core from the harness tile GEMM
+    raw_cublas = {k: v for k, v in raw.items() if k != "tile_gemm_fp16"}
+    cublas, _ = calibrated_spec(spec, raw_cublas)        # tensor_core from cuBLAS
+    data = cublas.model_dump(mode="json")
+    data["name"] = f"{base}-cublas.calibrated"
+    from kitsune_dse.hw.spec import spec_from_dict
+    cublas = spec_from_dict(data, "cublas calibration")
+    date = raw.get("env", {}).get("date", "")[:10]
+    for sp, name, what in ((harness, f"{base}.calibrated", "the validation harness's own GEMM tile "
+                            "(mma.sync 128x128x64): use it for plan, bsp-*, fusion* predictions"),
+                           (cublas, f"{base}-cublas.calibrated", "cuBLAS (CuPy @): use it for "
+                            "predictions of the cublas variant")):
+        text = (f"# Calibrated from {base} on {raw['device'].get('device')} ({date}) by bench/calibrate_device.py\n"
+                f"# (microbenchmarks only; raw measurements in {base}.calibrated.raw.json).\n"
+                f"# efficiency.tensor_core is {what}.\n")
+        (outdir / f"{name}.yaml").write_text(text + yaml.safe_dump(sp.model_dump(mode="json"), sort_keys=False))
+        print(f"wrote {outdir / (name + '.yaml')}: tensor_core {sp.efficiency.tensor_core:.3f}, "
+              f"hbm {sp.hbm_per_sm_bandwidth_Bps / 1e9:.1f} GB/s/SM max {sp.hbm_bandwidth_Bps * sp.efficiency.hbm / 1e12:.2f} TB/s, "
+              f"l2 {sp.l2_per_sm_bandwidth_Bps / 1e9:.1f} GB/s/SM max {sp.l2_bandwidth_Bps * sp.efficiency.l2 / 1e12:.2f} TB/s, "
+              f"sync {sp.sync_latency_s * 1e6:.2f} us, launch {sp.launch_overhead_s * 1e6:.2f} us, "
+              f"graph {sp.graph_launch_overhead_s * 1e6:.2f} us, gap {sp.kernel_gap_s * 1e6:.2f} us")
+    print("residuals:", json.dumps(res))
+    dst = outdir / f"{base}.calibrated.raw.json"
+    if raw_path.resolve() != dst.resolve():
+        dst.write_text(raw_path.read_text())
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--smoke", default="", help="comma-separated plan globs to check quickly after calibrating")
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--fit", default="", help="raw JSON to fit (here)")
+    a = ap.parse_args()
+    if a.precompile:
+        precompile()
+    elif a.fit:
+        fit(Path(a.fit))
+    else:
+        device(Path(a.out), a.runs, a.smoke)
+
+
+if __name__ == "__main__":
+    main()
