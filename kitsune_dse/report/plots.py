@@ -54,7 +54,7 @@ def plan_neighbours(plan: dict, candidates) -> np.ndarray:
 
 
 def pareto_png(path: Path, plan: dict, strategies: list[dict], candidates=(), extra_plans=()):
-    fig, ax = plt.subplots(figsize=(8, 5.5))
+    fig, ax = plt.subplots(figsize=(9.5, 5.5))
     cloud = plan_neighbours(plan, candidates)
     pts = [cloud] if len(cloud) else []
     if len(cloud):
@@ -73,6 +73,22 @@ def pareto_png(path: Path, plan: dict, strategies: list[dict], candidates=(), ex
         ax.scatter(xy[:, 0] * 1e6, xy[:, 1] / 1e6, s=60, marker="D",
                    c=STRATEGY_COLORS.get(r["strategy"], "k"), label=f"whole model: {r['strategy']}",
                    zorder=3)
+    # name the whole-model points in place; points that (nearly) coincide share one label
+    groups: list[list] = []
+    for r in strategies:
+        if r["strategy"] == "plan":
+            continue
+        for grp in groups:
+            if (abs(grp[0]["latency_s"] / r["latency_s"] - 1) < 0.02
+                    and abs(grp[0]["dram_bytes"] / max(r["dram_bytes"], 1) - 1) < 0.02):
+                grp.append(r)
+                break
+        else:
+            groups.append([r])
+    for grp in groups:
+        ax.annotate(", ".join(r["strategy"] for r in grp),
+                    (grp[0]["latency_s"] * 1e6, grp[0]["dram_bytes"] / 1e6),
+                    textcoords="offset points", xytext=(8, 6), fontsize=8)
     allp = np.vstack(pts) if pts else np.zeros((0, 2))
     if len(allp):
         f = allp[pareto_front(allp)]
@@ -84,7 +100,8 @@ def pareto_png(path: Path, plan: dict, strategies: list[dict], candidates=(), ex
     ax.set_ylabel("predicted DRAM traffic (MB)")
     ax.set_title(f"{plan['model']['name']} on {plan['hw']['name']}: latency vs DRAM traffic")
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="best", framealpha=0.9)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    ax.margins(x=0.12, y=0.1)
     _save(fig, path)
 
 
