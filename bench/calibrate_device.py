@@ -68,16 +68,34 @@ def pipe_region(kind: str, dims, sms: int):
     return g, region
 
 
+# diagnostics of the persistent kernel (one stage): (label, kind, dims, sms, L2 flushed?)
+PIPE_DIAG = [
+    ("fixed cost add 128x1024", "add", (128, 1024), 132, True),
+    ("fixed cost add 128x1024", "add", (128, 1024), 8, True),
+    ("L2-resident add 2048x2048", "add", (2048, 2048), 8, False),
+    ("L2-resident add 2048x2048", "add", (2048, 2048), 33, False),
+    ("L2-resident add 2048x2048", "add", (2048, 2048), 132, False),
+    ("gemm K sweep", "matmul", (16384, 1024, 256), 132, True),
+    ("gemm K sweep", "matmul", (16384, 1024, 1024), 132, True),
+    ("gemm K sweep", "matmul", (16384, 1024, 4096), 132, True),
+    ("gemm one column tile (pv-like)", "matmul", (65536, 128, 1024), 132, True),
+    ("gemm nerf layer", "matmul", (262144, 256, 256), 132, True),
+]
+STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
+
+
 def pipe_variants(info):
-    """(kind, sms, Region, PipelineVariant) of the one-stage pipeline cases (build only)."""
+    """(label, kind, dims, sms, flush, Region, PipelineVariant) of the one-stage pipeline cases
+    (build only): the SM sweeps, then the diagnostics."""
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.runtime import PipelineVariant, Tensors
+    cases = [("sweep", kind, dims, s, True) for kind, dims in (("matmul", PIPE_GEMM), ("add", PIPE_EW))
+             for s in PIPE_SMS] + PIPE_DIAG
     out = []
-    for kind, dims in (("matmul", PIPE_GEMM), ("add", PIPE_EW)):
-        for s in PIPE_SMS:
-            g, region = pipe_region(kind, dims, s)
-            reg = Region(g, region)
-            out.append((kind, s, reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
+    for label, kind, dims, s, flush in cases:
+        g, region = pipe_region(kind, dims, s)
+        reg = Region(g, region)
+        out.append((label, kind, dims, s, flush, reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
     return out
 
 
@@ -91,7 +109,7 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
     from kitsune_dse.validate.plan import DeviceInfo
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch=arch, sm_count=sms)
     srcs = []
-    for _, _, _, vs in case_variants(info, cases=tile_cases()):
+    for _, _, _, vs in case_variants(info, cases=tile_cases() + STANDALONE_DIAG):
         srcs += [v.build() for v in vs]
     srcs += [v.build() for *_, v in pipe_variants(info)]
     srcs = list(dict.fromkeys(srcs))
@@ -113,7 +131,7 @@ def measure_tiles(runs: int, log) -> tuple[list, list, list]:
     flush = L2Flusher()
     rows = []
     with stream:
-        for case in case_variants(info, cases=tile_cases()):
+        for case in case_variants(info, cases=tile_cases() + STANDALONE_DIAG):
             rows += _run_case(case, stream, flush, runs, None)
             log(f"  tile {rows[-1].get('shape')}: " + ", ".join(
                 f"{r['impl']} {r.get('tflops', 0):.0f} TFLOP/s ok={r.get('correct')}" for r in rows[-2:]
@@ -121,7 +139,8 @@ def measure_tiles(runs: int, log) -> tuple[list, list, list]:
     squares, shapes = [], []
     by = {}
     for r in rows:
-        by.setdefault(r["shape"], {})[r["impl"]] = r
+        if r["kernel"] == "gemm":
+            by.setdefault(r["shape"], {})[r["impl"]] = r
     for shape, d in by.items():
         m, n, k = (int(x) for x in shape.split("x"))
         t, c = d.get("tile", {}), d.get("cublas", {})
@@ -148,18 +167,19 @@ def measure_pipes(runs: int, log) -> tuple[list, list, list]:
     flush = L2Flusher()
     gemm, ew, rows = [], [], []
     with stream:
-        for kind, s, reg, v in pipe_variants(info):
-            row = {"kind": kind, "sms": s}
+        for label, kind, dims, s, fl, reg, v in pipe_variants(info):
+            row = {"label": label, "kind": kind, "dims": list(dims), "sms": s, "l2_flushed": fl}
             try:
                 v.prepare()
                 chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
-                t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flush, poison_every=False)
+                t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flush if fl else None, poison_every=False)
                 g = reg.graph
                 nbytes = sum(g.tensors[x].nbytes for x in list(g.inputs) + list(g.weights) + list(g.outputs))
                 row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"],
                            rel_err=chk["rel_err"], flops=g.total_flops, bytes=nbytes,
-                           placement=v.placement)
-                if chk["correct"]:
+                           placement=v.placement, flop_per_s=g.total_flops / t.median_s,
+                           bytes_per_s=nbytes / t.median_s)
+                if chk["correct"] and label == "sweep":
                     if kind == "matmul":
                         gemm.append((s, g.total_flops / t.median_s))
                     else:
@@ -167,7 +187,8 @@ def measure_pipes(runs: int, log) -> tuple[list, list, list]:
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)
-            log(f"  pipe {kind} on {s} SMs: " + (f"{row['time_s'] * 1e6:.0f} us ok={row['correct']}"
+            log(f"  pipe {label} {kind} {dims} on {s} SMs: " + (f"{row['time_s'] * 1e6:.1f} us ok={row['correct']} "
+                                                 f"{row['flop_per_s'] / 1e12:.0f} TFLOP/s {row['bytes_per_s'] / 1e9:.0f} GB/s"
                                                  if "time_s" in row else row.get("error", "")))
             v.tensors.arrays.clear()
             cp.get_default_memory_pool().free_all_blocks()
@@ -254,37 +275,102 @@ def summary(raw: dict, log) -> None:
     log(f"launch {raw.get('launch')}; sync {raw.get('sync_latency_s')}; fp32 {raw.get('fp32_flop_per_s')}")
 
 
+L2_FIT_MIN_SMS = 8
+
+
+def l2_refit(raw: dict, p: float) -> dict:
+    """The spec's l2_bandwidth_from() applies efficiency.hbm_saturation_exponent to the L2 curve
+    too, so fit_saturating's own L2 exponent (its lower bound 0.5 on the H100) is not what the
+    model evaluates: refit per-SM and max L2 bandwidth with the exponent fixed to the HBM one, on
+    the points with >= L2_FIT_MIN_SMS SMs (pipeline stages and whole-GPU kernels)."""
+    import numpy as np
+    from scipy.optimize import least_squares
+
+    from kitsune_dse.calibrate.fit import saturating
+    S = np.array([a for a, _ in raw["l2_read"]], float)
+    Y = np.array([b for _, b in raw["l2_read"]], float)
+    m = S >= L2_FIT_MIN_SMS
+    r = least_squares(lambda x: np.log(saturating(S[m], np.exp(x[0]), np.exp(x[1]), p)) - np.log(Y[m]),
+                      np.log([100e9, float(Y.max())]))
+    per_sm, bmax = (float(v) for v in np.exp(r.x))
+    rel = saturating(S, per_sm, bmax, p) / Y - 1
+    return {"per_sm_Bps": per_sm, "max_Bps": bmax, "exponent": p, "min_sms": L2_FIT_MIN_SMS,
+            "rms_rel_error": float(np.sqrt(np.mean(rel[m] ** 2))), "max_rel_error": float(np.abs(rel[m]).max()),
+            "rms_rel_error_all_points": float(np.sqrt(np.mean(rel ** 2))),
+            "rel_error_by_sms": {int(a): round(float(b), 3) for a, b in zip(S, rel)}}
+
+
 def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs") -> None:
     """Here (pydantic): the two calibrated specs from one raw JSON."""
     import yaml
 
-    from kitsune_dse.calibrate.fit import calibrated_spec, check_finite
+    from kitsune_dse.calibrate.fit import calibrated_spec, check_finite, fit_saturating
     from kitsune_dse.hw import load_spec
+    from kitsune_dse.hw.spec import spec_from_dict
     raw = json.loads(raw_path.read_text())
     check_finite(raw)
     spec = load_spec(base)
     harness, res = calibrated_spec(spec, raw)            # tensor_core from the harness tile GEMM
     raw_cublas = {k: v for k, v in raw.items() if k != "tile_gemm_fp16"}
     cublas, _ = calibrated_spec(spec, raw_cublas)        # tensor_core from cuBLAS
-    data = cublas.model_dump(mode="json")
-    data["name"] = f"{base}-cublas.calibrated"
-    from kitsune_dse.hw.spec import spec_from_dict
-    cublas = spec_from_dict(data, "cublas calibration")
+    l2 = l2_refit(raw, harness.efficiency.hbm_saturation_exponent)
+    l2_orig = fit_saturating(raw["l2_read"])
+    pipe_ew = fit_saturating(raw["pipe_ew_sms"]) if raw.get("pipe_ew_sms") else None
     date = raw.get("env", {}).get("date", "")[:10]
+    out = {}
     for sp, name, what in ((harness, f"{base}.calibrated", "the validation harness's own GEMM tile "
                             "(mma.sync 128x128x64): use it for plan, bsp-*, fusion* predictions"),
                            (cublas, f"{base}-cublas.calibrated", "cuBLAS (CuPy @): use it for "
                             "predictions of the cublas variant")):
+        data = sp.model_dump(mode="json")
+        data["name"] = name
+        eff = dict(data["efficiency"])
+        data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]
+        data["l2_bandwidth_Bps"] = max(spec.l2_bandwidth_Bps, l2["max_Bps"])
+        eff["l2"] = min(1.0, l2["max_Bps"] / data["l2_bandwidth_Bps"])
+        data["efficiency"] = eff
+        cal = dict(data["calibration"])
+        cal["method"] = ("microbenchmarks only: HBM/L2 read vs SMs (1024-thread CTA per SM, 4 x 16 B "
+                         "loads in flight per thread), FP32 FMA loop, GEMM, launch overhead eager and "
+                         "in a CUDA graph, flag ping-pong")
+        cal["tensor_core_source"] = what
+        cal["tensor_core_flop_per_s"] = sp.efficiency.tensor_core * spec.tensor_peak_flop_per_s["fp16"]
+        cal["tile_gemm_fp16"] = raw.get("tile_gemm_fp16")
+        cal["cublas_gemm_fp16"] = raw.get("gemm_fp16")
+        cal["l2_override"] = (f"L2 refit with the HBM exponent {l2['exponent']:.3g} (the exponent "
+                              f"l2_bandwidth_from applies) on points >= {l2['min_sms']} SMs; "
+                              f"fit_saturating's own fit (exponent {l2_orig['exponent']:.3g}, max "
+                              f"{l2_orig['max_Bps'] / 1e12:.3g} TB/s, {l2_orig['per_sm_Bps'] / 1e9:.3g} GB/s per SM) "
+                              f"would give {sp.l2_bandwidth_from(sp.sm_count) / 1e12:.3g} TB/s at "
+                              f"{sp.sm_count} SMs in the model against "
+                              f"{max(b for _, b in raw['l2_read']) / 1e12:.3g} TB/s measured")
+        cal["l2_rms_rel_error"] = l2["rms_rel_error"]
+        cal["l2_max_rel_error"] = l2["max_rel_error"]
+        cal["l2_rms_rel_error_all_points"] = l2["rms_rel_error_all_points"]
+        if pipe_ew:
+            cal["harness_stage_hbm"] = (f"the harness's persistent-kernel elementwise stage (2 x 256 "
+                                        f"threads per SM) fits {pipe_ew['per_sm_Bps'] / 1e9:.3g} GB/s per SM, "
+                                        f"max {pipe_ew['max_Bps'] / 1e12:.3g} TB/s (exponent "
+                                        f"{pipe_ew['exponent']:.3g}): NOT used above (informational)")
+        data["calibration"] = cal
+        new = spec_from_dict(data, name)
+        out[name] = new
         text = (f"# Calibrated from {base} on {raw['device'].get('device')} ({date}) by bench/calibrate_device.py\n"
                 f"# (microbenchmarks only; raw measurements in {base}.calibrated.raw.json).\n"
-                f"# efficiency.tensor_core is {what}.\n")
-        (outdir / f"{name}.yaml").write_text(text + yaml.safe_dump(sp.model_dump(mode="json"), sort_keys=False))
-        print(f"wrote {outdir / (name + '.yaml')}: tensor_core {sp.efficiency.tensor_core:.3f}, "
-              f"hbm {sp.hbm_per_sm_bandwidth_Bps / 1e9:.1f} GB/s/SM max {sp.hbm_bandwidth_Bps * sp.efficiency.hbm / 1e12:.2f} TB/s, "
-              f"l2 {sp.l2_per_sm_bandwidth_Bps / 1e9:.1f} GB/s/SM max {sp.l2_bandwidth_Bps * sp.efficiency.l2 / 1e12:.2f} TB/s, "
-              f"sync {sp.sync_latency_s * 1e6:.2f} us, launch {sp.launch_overhead_s * 1e6:.2f} us, "
-              f"graph {sp.graph_launch_overhead_s * 1e6:.2f} us, gap {sp.kernel_gap_s * 1e6:.2f} us")
-    print("residuals:", json.dumps(res))
+                f"# efficiency.tensor_core is {what}.\n"
+                f"# L2: refit with the HBM saturation exponent (see calibration.l2_override).\n")
+        (outdir / f"{name}.yaml").write_text(text + yaml.safe_dump(new.model_dump(mode="json"), sort_keys=False))
+        print(f"wrote {outdir / (name + '.yaml')}: tensor_core {new.efficiency.tensor_core:.3f}, "
+              f"hbm {new.hbm_per_sm_bandwidth_Bps / 1e9:.1f} GB/s/SM max {new.hbm_bandwidth_Bps * new.efficiency.hbm / 1e12:.2f} TB/s "
+              f"(at 132 SMs {new.hbm_bandwidth_from(132) / 1e12:.2f}), "
+              f"l2 {new.l2_per_sm_bandwidth_Bps / 1e9:.1f} GB/s/SM max {new.l2_bandwidth_Bps * new.efficiency.l2 / 1e12:.2f} TB/s "
+              f"(at 132 SMs {new.l2_bandwidth_from(132) / 1e12:.2f}), "
+              f"sync {new.sync_latency_s * 1e6:.2f} us, launch {new.launch_overhead_s * 1e6:.2f} us, "
+              f"graph {new.graph_launch_overhead_s * 1e6:.2f} us, gap {new.kernel_gap_s * 1e6:.2f} us")
+    print("hbm fit:", json.dumps({k: res[k] for k in res if k.startswith("hbm")}))
+    print("l2 fit_saturating:", json.dumps(l2_orig))
+    print("l2 refit:", json.dumps(l2))
+    print("harness stage ew fit:", json.dumps(pipe_ew))
     dst = outdir / f"{base}.calibrated.raw.json"
     if raw_path.resolve() != dst.resolve():
         dst.write_text(raw_path.read_text())

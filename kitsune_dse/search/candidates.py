@@ -31,21 +31,25 @@ fused groups) are searched exactly as compare does (cost.compare.pipeline_candid
 keep queues that spill past the L2), and the whole graph is always one more window for the four
 kernel strategies, so the candidate set contains a cover equal to every whole-model strategy of
 `kitsune-dse compare` (CandidateSet.baselines lists them; compare_baselines=False skips the
-pipeline one, the most expensive part of the search).
+pipeline one). These exhaustive searches are the costly part: they start at once in forked
+worker processes (KITSUNE_DSE_JOBS, default the CPU count; 1 runs them in this process) while
+this process costs the other windows; the results are the same either way.
 
 Reuse. Windows are costed once per *structural signature* (op kinds, attrs, shapes, dtypes,
 which inputs are weights, graph inputs or come from inside the window, which outputs leave it,
-which hand-offs stay in L2): the repeated layers of a deep model cost one window each; the copies
-get the same numbers and tables with their own op and tensor names (also inside the estimate's
-breakdown). The candidate count is linear in the graph size: at most max_window windows start
-at each atom, each with 4 + at most KEEP_MAX candidates.
+which hand-offs stay in L2): the repeated layers of a deep model cost one window each; the
+copies get the same numbers and tables (their pipeline choices name their own ops; the estimate
+object is shared, and CandidateSet.own(c) gives one whose breakdown names the copy's own ops:
+the solver's chosen candidates are always such). The candidate count is linear in the graph
+size: at most max_window windows start at each atom, each with 4 + at most KEEP_MAX candidates.
 """
 from __future__ import annotations
 
 import heapq
 import itertools
 import math
-from dataclasses import dataclass, field
+import os
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -107,6 +111,21 @@ class CandidateSet:
     # model exactly as cost.compare.compare() computes it
     baselines: dict = field(default_factory=dict)
     stats: dict = field(default_factory=dict)
+    # windows costed as a copy of an earlier, structurally identical one: span -> {name in the
+    # first copy's estimate breakdown: name here}. Their candidates share the first copy's
+    # Estimate (same numbers); own() gives one whose breakdown names this window's ops
+    renames: dict = field(default_factory=dict)
+
+    def own(self, c: Candidate) -> Candidate:
+        """`c` (one of self.candidates) with an estimate whose breakdown names its own ops and
+        tensors; any other candidate (e.g. re-timed by the solver) is returned as it is."""
+        m = self.renames.get(c.span)
+        if not m or not (0 <= c.id < len(self.candidates) and self.candidates[c.id] is c):
+            return c
+        e = c.estimate
+        est = Estimate(e.latency_s, e.dram_read_bytes, e.dram_write_bytes, e.l2_bytes,
+                       e.kernel_launches, e.sm_busy_fraction, e.flops, _rename(e.breakdown, m))
+        return replace(c, estimate=est)
 
     def by_span(self) -> dict[tuple[int, int], list[Candidate]]:
         out: dict[tuple[int, int], list[Candidate]] = {}
@@ -327,7 +346,7 @@ class _PipelineEnumerator:
         except InfeasibleError:
             return None
         if J == 1:
-            sms = ((S // g) * g,)
+            sms = (S,)          # one stage partitions nothing: the whole GPU
         else:
             _, split = split_sms([tab[j] for j in range(J)], S, g)
             if not split:
@@ -347,15 +366,14 @@ class _PipelineEnumerator:
                     dram / spec.hbm_bandwidth_from(S)) + spec.graph_launch_overhead_s
         # queue depths: the smallest adequate ones if they fit beside the resident weights
         depths = probe.depths
+        budget = _queue_budget(spec, plan, totals.get("weights_resident"))
         if J > 1:
             ad = [adequate_depth(plan.slabs, B, T[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
                   for q in range(J - 1)]
-            budget = _queue_budget(spec, plan, totals.get("weights_resident"))
             if sum(d * b for d, b in zip(ad, plan.slot_bytes)) <= budget:
                 depths = tuple(ad)
         choice = PipelineChoice(stages, sms, tile_rows, depths, modes)
-        return _PipeEval(choice, None, order, tab, plan, model, dram,
-                         _queue_budget(spec, plan, totals.get("weights_resident")))
+        return _PipeEval(choice, None, order, tab, plan, model, dram, budget)
 
     def cut_options(self, atoms, work: list[float], k: int):
         """Stage cuts of a window of k atoms: every cut for up to MAX_STAGES_SMALL stages when
@@ -426,14 +444,13 @@ class _PipelineEnumerator:
             self.exact_calls += 1
         return [e for e in kept if e.estimate is not None]
 
-    def full(self, region: Region) -> list[_PipeEval]:
-        """cost.compare.pipeline_candidates, exactly the search of whole_model_pipeline; the
-        kept ones get their stage-time tables."""
-        res = pipeline_candidates(region, self.spec, self.step)
+    def full(self, region: Region, res: list) -> list[_PipeEval]:
+        """The results of cost.compare.pipeline_candidates on the window ([(choice, estimate)],
+        exactly the search of whole_model_pipeline); the kept ones get their tables."""
         self.evaluated += len(res)
         self.exact_calls += len(res)
-        evals = [_PipeEval(pc.choice, pc.estimate, i, model_s=pc.estimate.latency_s,
-                           dram=pc.estimate.dram_bytes) for i, pc in enumerate(res)]
+        evals = [_PipeEval(ch, est, i, model_s=est.latency_s, dram=est.dram_bytes)
+                 for i, (ch, est) in enumerate(res)]
         kept = _keep(evals, lambda e: (e.model_s, e.dram, e.order))
         for e in kept:
             # the solver's table: at a queue depth that fits the L2 (as evaluate probes it), not
@@ -448,6 +465,72 @@ class _PipelineEnumerator:
                 e.budget = _queue_budget(self.spec, e.plan,
                                          e.estimate.breakdown.get("weights_resident"))
         return kept
+
+
+_FORKED: dict = {}
+
+
+def _pipeline_search(ops: tuple[str, ...]) -> list:
+    graph, spec, step = _FORKED["args"]
+    return [(pc.choice, pc.estimate)
+            for pc in pipeline_candidates(Region.of(graph, ops), spec, step)]
+
+
+def jobs() -> int:
+    """Worker processes for compare's exhaustive pipeline searches: KITSUNE_DSE_JOBS, else
+    the CPU count (1: in this process)."""
+    try:
+        return max(1, int(os.environ.get("KITSUNE_DSE_JOBS", "") or (os.cpu_count() or 1)))
+    except ValueError:
+        return 1
+
+
+class _PipelineSearches:
+    """cost.compare.pipeline_candidates on some windows (op tuples), the costly part of the
+    candidate search: independent pure computations, started at once in forked worker
+    processes (jobs()) while this process costs the other windows, and collected when needed;
+    without fork (or with one job) each runs here when first asked for. Same results either
+    way."""
+
+    def __init__(self, graph: Graph, spec: HwSpec, step: int, tasks: dict):
+        self.args = (graph, spec, step)
+        self.tasks = tasks              # key -> ops
+        self.done: dict = {}
+        self.futures: dict = {}
+        self.pool = None
+        n = min(jobs(), len(tasks))
+        if n > 1:
+            try:
+                import multiprocessing as mp
+                from concurrent.futures import ProcessPoolExecutor
+                if not mp.current_process().daemon and "fork" in mp.get_all_start_methods():
+                    _FORKED["args"] = self.args
+                    self.pool = ProcessPoolExecutor(max_workers=n,
+                                                    mp_context=mp.get_context("fork"))
+                    # longest windows first: they take longest
+                    for key, ops in sorted(tasks.items(), key=lambda kv: -len(kv[1])):
+                        self.futures[key] = self.pool.submit(_pipeline_search, ops)
+            except Exception:       # no fork here (sandbox, daemon worker...): run them here
+                self.close()
+                self.futures = {}
+
+    def result(self, key) -> list:
+        if key not in self.done:
+            fut = self.futures.get(key)
+            try:
+                self.done[key] = fut.result() if fut is not None else None
+            except Exception:
+                self.done[key] = None
+            if self.done[key] is None:
+                _FORKED["args"] = self.args
+                self.done[key] = _pipeline_search(self.tasks[key])
+        return self.done[key]
+
+    def close(self):
+        if self.pool is not None:
+            self.pool.shutdown(wait=True, cancel_futures=True)
+            self.pool = None
+        _FORKED.clear()
 
 
 def _keep(evals, key) -> list:
@@ -522,7 +605,26 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
     windows = sorted(set(windows) | set(extra), key=lambda w: (w[1] - w[0], w[0]))
 
     enum = _PipelineEnumerator(graph, spec, step)
+    # compare's exhaustive searches first (the costly part), once per distinct window, in
+    # parallel where possible
+    tasks: dict = {}
+    for w in sorted(full_pipe):
+        ops = tuple(sorted((o for a in atoms[w[0]:w[1]] for o in a), key=graph.index))
+        if seg_of[w[0]] == seg_of[w[1] - 1]:
+            tasks.setdefault(window_signature(Region.of(graph, ops), spec)[0], ops)
+    searches = _PipelineSearches(graph, spec, step, tasks)
+    try:
+        return _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step,
+                      strategies, kernel_strats, want_pipe, compare_baselines, max_window,
+                      progress, enum, searches)
+    finally:
+        searches.close()
+
+
+def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step, strategies,
+           kernel_strats, want_pipe, compare_baselines, max_window, progress, enum, searches):
     cache: dict = {}
+    renames: dict = {}
     hits = 0
     work = [0.0] * n
     cands: list[Candidate] = []
@@ -542,9 +644,14 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
         else:
             entries = [_Entry(s, _STRATEGY_FN[s](region, spec)) for s in kernel_strats]
             if do_pipe:
-                evals = (enum.full(region) if full
-                         else enum.limited(region, [tuple(a) for a in atoms[lo:hi]],
-                                           work[lo:hi]))
+                if full:
+                    res, src_ops = searches.result(sig), searches.tasks[sig]
+                    m = dict(zip(window_signature(Region.of(graph, src_ops), spec)[1], names))
+                    res = [(PipelineChoice(_rename(ch.stages, m), ch.sms, ch.tile_rows,
+                                           ch.depths, ch.modes), est) for ch, est in res]
+                    evals = enum.full(region, res)
+                else:
+                    evals = enum.limited(region, [tuple(a) for a in atoms[lo:hi]], work[lo:hi])
                 for e in evals:
                     p = e.plan
                     entries.append(_Entry(
@@ -555,13 +662,12 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
         if hi - lo == 1 and entries:
             work[lo] = min(e.estimate.latency_s for e in entries)
         ids = span_ids.setdefault((lo, hi), {})
+        if mapping:
+            renames[(lo, hi)] = mapping
         for e in entries:
             est = e.estimate
             choice = e.choice
             if mapping:
-                est = Estimate(est.latency_s, est.dram_read_bytes, est.dram_write_bytes,
-                               est.l2_bytes, est.kernel_launches, est.sm_busy_fraction, est.flops,
-                               _rename(est.breakdown, mapping))
                 if choice is not None:
                     choice = PipelineChoice(_rename(choice.stages, mapping), choice.sms,
                                             choice.tile_rows, choice.depths, choice.modes)
@@ -619,4 +725,4 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
              "pipelines_dropped_for_l2": enum.l2_dropped,
              "window_cache_hits": hits}
     return CandidateSet(graph, spec, cands, list(atoms), step, max_window, strategies, baselines,
-                        stats)
+                        stats, renames)

@@ -15,17 +15,18 @@ with J stages and U hand-off units has one boolean y[j][s] per allowed SM count 
 (multiples of sm_granularity; a single stage may also take the whole GPU), exactly one per stage
 when the candidate is chosen, sum_j s_j <= the GPU's SMs, per-unit stage times
 T_j = sum_s stage_tables[j][s] * y[j][s] and a bottleneck B >= T_j:
-    L = max(sum_j T_j + (U - 1) * B + (J - 1) * sync,  DRAM bytes / HBM bandwidth) + launch,
-the tandem queue's makespan when its queues are deep enough (the DRAM term is the chip's
-bandwidth bound; cost.pipeline.pipeline stretches stage times the same way). Queue q's depth is
-the smallest adequate one in {1, 2, 4, 8} ring slots (row-blocks),
-    (d_q * slabs - 1) * T_{q+1} >= 2 * sync        (so d_q * slabs * B >= T_{q+1} + 2 sync:
-a slot is freed one hand-off after its consumer finishes and refilled one hand-off later), which
-makes d_q a function of stage q+1's SM count, and the queues must fit the L2 the candidate
-leaves beside the weights it keeps resident: sum_q d_q(s_{q+1}) * slot_q <= queue budget, a
-linear constraint on the y booleans. Then the exact queue model (cost.pipeline.pipeline)
-re-times the chosen configuration: a result's figures are always the exact ones, and
-model_latency_s / model_dram_bytes keep the integer model's.
+    L = max(sum_j T_j + (U - 1) * B + (J - 1) * sync,  F(sum_j s_j)) + launch,
+the tandem queue's makespan (fill, U - 1 periods, drain), with F the DRAM floor: the region's
+DRAM bytes over the HBM bandwidth its SMs reach (cost.pipeline.pipeline stretches stage times
+the same way), a FLOOR_STEPS-step function of the SMs used (booleans u_k => sum s >= step k).
+Each queue q takes a depth d_q in {1, 2, 4, 8} ring slots (row-blocks; booleans z) and paces
+the pipeline: d_q * slabs * B >= T_{q+1} + 2 * sync (a slot is freed one hand-off after its
+consumer finishes and refilled one hand-off later; checked against the max-plus simulation of
+cost.queues: the closed form is within 1% above it), and the slots must fit the L2 the
+candidate leaves beside the weights it keeps resident: sum_q d_q * slot_q <= queue budget.
+Minimising latency pushes B to the period. Reported depths are the smallest reaching it. Then
+the exact queue model (cost.pipeline.pipeline) re-times the chosen configuration: a result's
+figures are always the exact ones, and model_latency_s / model_dram_bytes keep the model's.
 
 Each stage's allowed SM counts are the ones nearest its balanced count (candidate.choice.sms):
 at most SM_COMBOS ** (1/J) per stage (8 for four stages, 16 for three, 64 for two), SM_COMBOS_SMALL
@@ -85,9 +86,10 @@ TIME_UNIT_S = 1e-9          # model times: integer nanoseconds
 BYTE_UNIT = 1024            # model bytes: integer KiB
 SM_COMBOS = 4096            # allocations per pipeline candidate (product of per-stage counts)
 SM_COMBOS_SMALL = 32768     # ... for graphs of at most SMALL_ATOMS atoms
-SMALL_ATOMS = 24
+SMALL_ATOMS = 8
 SM_BOOL_LIMIT = 20000       # SM booleans in CP-SAT beyond which pipelines enter pre-solved
 MAX_PARETO = 16
+FLOOR_STEPS = 16            # steps of a pipeline's DRAM floor over the SMs its stages use
 OBJECTIVES = ("latency", "traffic", "pareto")
 
 
@@ -112,7 +114,7 @@ class SolverResult:
         return tuple((c.ops, c.strategy, c.choice) for c in self.chosen)
 
 
-# -- the integer model ------------------------------------------------------------------------------
+# -- the integer model -----------------------------------------------------------------------------
 def _ns(t: float) -> int:
     return int(round(t / TIME_UNIT_S))
 
@@ -129,13 +131,20 @@ class PipeModel:
     units: int
     slabs: int
     sync: int
-    floor: int
+    floor_at: np.ndarray            # SM totals where the DRAM floor steps ...
+    floor: np.ndarray               # ... and the floor (ns) from each of them on
     launch: int
     slot_kib: list[int]
     budget_kib: int
     sm_count: int
 
-    def _solve(self, T: list[np.ndarray], ok: np.ndarray):
+    def floor_of(self, total):
+        """DRAM bytes / HBM bandwidth reachable from `total` SMs, taken at the largest step
+        total <= total (a step function: exact at the steps, never below the true floor)."""
+        k = np.searchsorted(self.floor_at, total, side="right") - 1
+        return self.floor[np.maximum(k, 0)]
+
+    def _solve(self, T: list[np.ndarray], ok: np.ndarray, total: np.ndarray):
         """For allocations with unit times T (one array per stage): feasibility, the period
         (ns per unit at the bottleneck), the queue depths achieving it with the least L2, and
         the latency. A queue of depth d paces the pipeline at no less than
@@ -164,7 +173,7 @@ class PipeModel:
                         d = np.where(pace[dd][q] <= period, dd, d)
                     depths[q] = d
         L = np.maximum(np.sum(T, axis=0) + (self.units - 1) * period + (J - 1) * self.sync,
-                       self.floor) + self.launch
+                       self.floor_of(total)) + self.launch
         return ok, period, depths, L
 
     def max_depth_vectors(self) -> list[tuple[int, ...]]:
@@ -187,7 +196,7 @@ class PipeModel:
                 return None
             T.append(self.tab[j][k:k + 1])
         ok = np.array([sum(sms) <= self.sm_count])
-        ok, _, D, L = self._solve(T, ok)
+        ok, _, D, L = self._solve(T, ok, np.array([sum(sms)]))
         if not ok[0]:
             return None
         return int(L[0]), tuple(int(d[0]) for d in D)
@@ -202,8 +211,8 @@ class PipeModel:
         idx = [g.ravel() for g in grids]
         S = [self.allowed[j][idx[j]] for j in range(J)]
         T = [self.tab[j][idx[j]] for j in range(J)]
-        ok = np.sum(S, axis=0) <= self.sm_count
-        ok, _, D, L = self._solve(T, ok)
+        total = np.sum(S, axis=0)
+        ok, _, D, L = self._solve(T, total <= self.sm_count, total)
         if not ok.any():
             return None
         L = np.where(ok, L, np.iinfo(np.int64).max)
@@ -232,10 +241,15 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
         vals = tabs[j][cnt]
         allowed.append(cnt.astype(np.int64))
         tab.append(np.rint(np.where(np.isfinite(vals), vals, 1e3) / TIME_UNIT_S).astype(np.int64))
+    # the DRAM floor depends on the SMs the stages use (HBM bandwidth saturates with SMs):
+    # FLOOR_STEPS steps from the fewest SMs a J-stage allocation can use to all of them
+    lo = int(sum(a[0] for a in allowed))
+    at = np.unique(np.rint(np.linspace(lo, S, FLOOR_STEPS + 1)).astype(np.int64))
+    floor = np.array([_ns(c.estimate.dram_bytes / spec.hbm_bandwidth_from(int(t))) for t in at],
+                     dtype=np.int64)
     return PipeModel(
         J=J, allowed=allowed, tab=tab, units=int(c.units), slabs=int(c.slabs),
-        sync=_ns(spec.sync_latency_s),
-        floor=_ns(c.estimate.dram_bytes / spec.hbm_bandwidth_from(S)),
+        sync=_ns(spec.sync_latency_s), floor_at=at, floor=floor,
         launch=_ns(spec.graph_launch_overhead_s),
         slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
         budget_kib=int(math.floor(c.queue_budget_bytes / BYTE_UNIT)), sm_count=S)
@@ -307,7 +321,7 @@ def check_objective(objective: str) -> str:
     return objective
 
 
-# -- exact re-timing and results --------------------------------------------------------------------
+# -- exact re-timing and results -------------------------------------------------------------------
 Pick = tuple  # (Candidate, sms or None, depths or None)
 
 
@@ -316,6 +330,7 @@ def retime(cset: CandidateSet, picks: list[Pick]) -> list[Candidate]:
     their estimate recomputed exactly by cost.pipeline.pipeline."""
     out = []
     for c, sms, depths in sorted(picks, key=lambda p: p[0].span):
+        c = cset.own(c)
         if c.strategy == "pipeline" and sms is not None:
             ch = c.choice
             choice = PipelineChoice(ch.stages, tuple(int(s) for s in sms), ch.tile_rows,
@@ -361,6 +376,7 @@ def guard(cset: CandidateSet, res: SolverResult, objective: str, step: int = 1) 
     extra = [c for c in res.chosen if c.strategy == "pipeline"]
     alt = exact_cover(cset, "traffic" if objective == "traffic" else "latency", extra,
                       lambda c: sms_allowed(c, step, cset.spec.sm_count))
+    alt = [cset.own(c) for c in alt]
     lat, dram = totals(cset, alt)
     if objective == "traffic":
         better = dram < res.dram_bytes * (1 - 1e-12) or (
@@ -383,7 +399,7 @@ def pareto_filter(results: list[SolverResult]) -> list[SolverResult]:
     return out
 
 
-# -- CP-SAT -------------------------------------------------------------------------------------------
+# -- CP-SAT ----------------------------------------------------------------------------------------
 class _Cover:
     def __init__(self, cset: CandidateSet, items: list[Item], use_sm_bools: bool):
         self.cset, self.items = cset, items
@@ -438,9 +454,9 @@ class _Cover:
             m.add(sum(yj) == x)
             ys.append(yj)
             Ts.append(sum(int(t) * y for t, y in zip(pm.tab[j], yj)))
+        used = sum(int(a) * y for j in range(pm.J) for a, y in zip(pm.allowed[j], ys[j]))
         if sum(int(a[-1]) for a in pm.allowed) > pm.sm_count:
-            m.add(sum(int(a) * y for j in range(pm.J) for a, y in zip(pm.allowed[j], ys[j]))
-                  <= pm.sm_count)
+            m.add(used <= pm.sm_count)
         maxt = max(int(t.max()) for t in pm.tab)
         span = sum(Ts) + (pm.J - 1) * pm.sync * x
         if pm.units > 1 and pm.J > 1:
@@ -464,12 +480,23 @@ class _Cover:
             span = span + (pm.units - 1) * Ts[0]
         # latency - launch = max(span, floor) = (best - launch) + E with E >= 0: the pre-solved
         # best is a valid bound (no allocation beats it), written so the LP sees it on x
-        ub = pm.J * maxt + (pm.units - 1) * maxt + (pm.J - 1) * pm.sync + pm.floor
+        ub = pm.J * maxt + (pm.units - 1) * maxt + (pm.J - 1) * pm.sync + int(pm.floor[0])
         base = best - pm.launch
         E = m.new_int_var(0, max(0, ub - base), f"E{i}")
         m.add(E + base * x >= span)
-        if pm.floor > base:
-            m.add(E + base * x >= pm.floor * x)
+        if int(pm.floor[0]) > base:
+            # the DRAM floor, a step function of the SMs used: u_k => used >= floor_at[k]
+            floor_expr = int(pm.floor[0]) * x
+            prev = x
+            for k in range(1, len(pm.floor_at)):
+                if pm.floor[k] >= pm.floor[k - 1]:
+                    continue
+                u = m.new_bool_var(f"u{i}_{k}")
+                m.add(used >= int(pm.floor_at[k])).only_enforce_if(u)
+                m.add_implication(u, prev)
+                floor_expr -= int(pm.floor[k - 1] - pm.floor[k]) * u
+                prev = u
+            m.add(E + base * x >= floor_expr)
         self.sm_vars[i] = ys
         return E + best * x
 
@@ -576,7 +603,7 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
     use_bools = sm_bools <= SM_BOOL_LIMIT
     cov = _Cover(cands, items, use_bools)
     stats = {"items": n_all, "items_after_pruning": len(items), "sm_booleans": sm_bools if use_bools
-             else 0, "pipelines_presolved": not use_bools, "build_s": time.perf_counter() - t0}
+             else 0, "pipelines_presolved": not use_bools, "model_build_s": time.perf_counter() - t0}
     primary, secondary = ((cov.kib, cov.lat) if objective == "traffic" else (cov.lat, cov.kib))
     n_solves = 2 * (MAX_PARETO if objective == "pareto" else 1 + alternatives)
     state = {"left": n_solves}
@@ -606,11 +633,13 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
 
     first = lexi([], cov.dp_hint(objective))
     if first is None:
-        # no solution within the time limit: the exact DP over pre-solved candidates
+        # CP-SAT found no plan within the time limit: the exact DP over the same integer model
+        # (pre-solved pipelines) is optimal for it, and fast
         from kitsune_dse.search.exact import solve_exact
-        res = solve_exact(cands, "traffic" if objective == "traffic" else "latency", step)
-        return replace(res, status="FEASIBLE", gap=float("nan"), wall_s=time.perf_counter() - t0,
-                       objective=objective, source="exact-dp", stats=stats)
+        res = solve_exact(cands, "traffic" if objective == "traffic" else "latency", step,
+                          method="dp")
+        return replace(res, wall_s=time.perf_counter() - t0, objective=objective, source="dp",
+                       stats={**stats, "cp_sat": "no solution within the time limit"})
     picks, lits, status, gap, mlat, mkib, hint = first
     main = make_result(cands, picks, objective, status, gap, t0, mlat, mkib, "cp-sat", stats)
 

@@ -504,12 +504,16 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
          "    Team tm; tm.tid = threadIdx.x & 255; tm.bar = 1 + team; tm.rbar = 3 + 4 * team;",
          f"    unsigned char* tsmem = smem + team * {half};",
          f"    const u32 who = blockIdx.x * {T} + team;",
+         "    const u64 t_begin = globaltimer();",
          f"    if (threadIdx.x == 0) ctrl[{layout.smid_off} + blockIdx.x] = smid();",
          "    const int b = blockIdx.x;"]
     for j, stage in enumerate(layout.stages):
         cond = "if" if j == 0 else "else if"
         k.append(f"    {cond} (b < {stage.first_cta + stage.ctas}) stage_{stage.sid}((b - {stage.first_cta}) * {T} + team, "
                  f"bufs, ctrl, tmo, tsmem, tm, who);")
-    k.append("}")
+    k += ["    if (tm.tid == 0) {   // this worker's span (host: per-stage end times)",
+          f"        u64* ts = reinterpret_cast<u64*>(ctrl + {layout.time_off}) + 2 * who;",
+          "        ts[0] = t_begin; ts[1] = globaltimer();",
+          "    }", "}"]
     src.append("\n".join(k))
     return "\n\n".join(src) + "\n"

@@ -17,7 +17,7 @@ CSV_FIELDS = [
     "p10_latency_s", "p90_latency_s", "warm_latency_s", "warm_p10_latency_s", "warm_p90_latency_s",
     "error_pct", "predicted_dram_read_bytes", "predicted_dram_write_bytes", "measured_dram_read_bytes",
     "measured_dram_write_bytes", "correct", "rel_err", "max_rel_err", "checks", "kernel_launches",
-    "tflops", "min_dram_bytes", "runs", "placement", "error", "notes", "gpu", "sm_clock_mhz",
+    "tflops", "min_dram_bytes", "runs", "placement", "kernel_times_us", "error", "notes", "gpu", "sm_clock_mhz",
     "driver", "cupy", "date", "command",
 ]
 
@@ -80,7 +80,8 @@ def check_variant(v, reg, tensors, roles, stream, checks: int = 2) -> dict:
 def validate_plan(plan_or_path, out_dir: str | Path | None = None, runs: int = 30, warmup: int = 3,
                   retarget: bool = False, ncu: bool = False, variants: list[str] | None = None,
                   timeout_s: float = 1.0, checks: int = 2, warm: bool = True, console=None,
-                  command: str | None = None, csv_name: str = "validation.csv") -> list[dict]:
+                  command: str | None = None, csv_name: str = "validation.csv",
+                  kernel_times: bool = False) -> list[dict]:
     import cupy as cp
 
     from kitsune_dse.graph import load_model
@@ -104,21 +105,120 @@ def validate_plan(plan_or_path, out_dir: str | Path | None = None, runs: int = 3
     with stream:   # every fill, poison, reset and launch in one stream order
         rows += _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, variants,
                                   timeout_s, checks, warm, console, plan_name, date, command, tnotes,
-                                  ncu_bytes)
+                                  ncu_bytes, kernel_times)
     if out_dir is not None:
         write_csv(rows, Path(out_dir) / csv_name)
     return rows
 
 
+def whole_region(graph):
+    """The whole graph as one Region (its layouts are shared by every region of a plan), or None
+    when the harness cannot hold the graph's tensors (another dtype)."""
+    from kitsune_dse.validate.lower import Region
+    try:
+        return Region(graph, {"id": "all", "strategy": "bsp", "ops": [o.name for o in graph.ops]})
+    except KitsuneError:
+        return None
+
+
+def validate_plan_e2e(plan_or_path, runs: int = 30, warmup: int = 3, timeout_s: float = 1.0,
+                      checks: int = 2, console=None, command: str | None = None) -> dict:
+    """The plan end to end: every region's "plan" variant back to back on shared tensors (one
+    stream, eager between regions, cold L2 at the start), checked against the whole graph's fp32
+    reference. Returns one row (variant "plan-e2e")."""
+    import cupy as cp
+
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.reference import compare, input_roles, reference, to_logical
+    from kitsune_dse.validate.runtime import Tensors, gpu_info, make_variants
+
+    plan = load_plan(plan_or_path) if not isinstance(plan_or_path, dict) else plan_or_path
+    info, extra = gpu_info()
+    plan, tnotes = check_target(plan, info, False)
+    graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
+    whole = whole_region(graph)
+    row = {"plan": Path(plan.get("_source", "plan")).stem, "model": plan["model"].get("name", graph.name),
+           "region": "all", "strategy": "+".join(r["strategy"] for r in plan["regions"]),
+           "variant": "plan-e2e", "gpu": info.name, "sm_clock_mhz": extra.get("sm_clock_mhz", ""),
+           "driver": extra.get("driver_version"), "cupy": extra.get("cupy"),
+           "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
+           "command": command or "", "predicted_latency_s": (plan.get("predicted") or {}).get("latency_s", ""),
+           "predicted_dram_read_bytes": (plan.get("predicted") or {}).get("dram_read_bytes", ""),
+           "predicted_dram_write_bytes": (plan.get("predicted") or {}).get("dram_write_bytes", "")}
+    if whole is None:
+        row.update(correct=False, error="the whole graph has tensors the harness cannot hold")
+        return row
+    store: dict = {}
+
+    class Shared(Tensors):
+        def get(self, t):
+            if t not in store:
+                store[t] = super().get(t)
+            return store[t]
+    stream = cp.cuda.Stream(non_blocking=True)
+    flusher = L2Flusher()
+    vs = []
+    try:
+        with stream:
+            for region in plan["regions"]:
+                reg = Region(graph, region, layouts=whole)
+                v = make_variants(reg, region, Shared(reg), info, timeout_s, ["plan"])[0]
+                v.prepare()
+                vs.append(v)
+            roles = input_roles(whole)
+            ins = [t for t in whole.inputs]
+            inputs_t = Shared(whole)
+
+            def pre(poison=True):
+                for v in vs:
+                    v.pre(poison)
+
+            def run(s):
+                for v in vs:
+                    v.run(s)
+
+            def after():
+                for v in vs:
+                    v.after()
+            worst = {"rel_err": 0.0, "max_rel_err": 0.0, "correct": True}
+            for _ in range(checks):
+                _fill_inputs(whole, inputs_t, roles)
+                pre(True)
+                run(stream)
+                stream.synchronize()
+                after()
+                ref = reference(whole, {t: inputs_t.get(t) for t in ins})
+                for t in whole.outputs:
+                    c = compare(to_logical(whole, t, store[t]), ref[t], whole.dtype)
+                    worst["rel_err"] = max(worst["rel_err"], c["rel_err"])
+                    worst["max_rel_err"] = max(worst["max_rel_err"], c["max_rel_err"])
+                    worst["correct"] = worst["correct"] and c["correct"]
+            t = time_runs(run, pre, after, stream, runs, warmup, flusher)
+            row.update(correct=worst["correct"], rel_err=worst["rel_err"], max_rel_err=worst["max_rel_err"],
+                       checks=checks, measured_latency_s=t.median_s, p10_latency_s=t.p10_s,
+                       p90_latency_s=t.p90_s, runs=t.runs, kernel_launches=sum(v.launches_per_run for v in vs),
+                       tflops=graph.total_flops / t.median_s / 1e12)
+            if isinstance(row["predicted_latency_s"], (int, float)) and row["predicted_latency_s"] > 0:
+                row["error_pct"] = 100.0 * (t.median_s - row["predicted_latency_s"]) / row["predicted_latency_s"]
+            row["notes"] = "; ".join(dict.fromkeys(tnotes + [n for v in vs for n in v.notes]))
+    except KitsuneError as e:
+        row.update(correct=False, error=str(e))
+    store.clear()
+    return row
+
+
 def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, variants, timeout_s,
-                      checks, warm, console, plan_name, date, command, tnotes, ncu_bytes):
+                      checks, warm, console, plan_name, date, command, tnotes, ncu_bytes, kernel_times=False):
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.measure import time_runs
     from kitsune_dse.validate.reference import compare, input_roles, to_logical
     from kitsune_dse.validate.runtime import Tensors, make_variants
     rows: list[dict] = []
+    whole = whole_region(graph) if len(plan["regions"]) > 1 else None
     for ri, region in enumerate(plan["regions"]):
-        reg = Region(graph, region)
+        reg = Region(graph, region, layouts=whole)
         tensors = Tensors(reg)
         roles = input_roles(reg)
         flops = sum(graph.op(o).info.flops for o in reg.ops)
@@ -137,6 +237,10 @@ def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, v
                 chk = check_variant(v, reg, tensors, roles, stream, checks)
                 ref = chk.pop("_ref")
                 t_cold = time_runs(v.run, v.pre, v.after, stream, runs, warmup, flusher)
+                cold_placement = dict(getattr(v, "placement", None) or {})
+                if v.name == "bsp-eager" and kernel_times:
+                    row["kernel_times_us"] = json.dumps([[n, round(t * 1e6, 2)] for n, t in
+                                                         v.kernel_times(stream, flusher)])
                 t_warm = time_runs(v.run, v.pre, v.after, stream, runs, 1, None) if warm else None
                 # the last timed run, on the last check's inputs, must be right too
                 for t, out in v.outputs().items():
@@ -153,8 +257,8 @@ def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, v
                                warm_p90_latency_s=t_warm.p90_s)
                 if isinstance(row["predicted_latency_s"], (int, float)) and row["predicted_latency_s"] > 0:
                     row["error_pct"] = 100.0 * (t_cold.median_s - row["predicted_latency_s"]) / row["predicted_latency_s"]
-                if getattr(v, "placement", None):
-                    row["placement"] = json.dumps(v.placement)
+                if cold_placement:
+                    row["placement"] = json.dumps(cold_placement)
             except KitsuneError as e:
                 row.update(correct=False, error=str(e))
             nb = ncu_bytes.get((row["region"], v.name))

@@ -135,7 +135,9 @@ class Group:
 class Region:
     """A plan region resolved against its graph: ops, view aliases, inputs, outputs."""
 
-    def __init__(self, graph: Graph, region: dict):
+    def __init__(self, graph: Graph, region: dict, layouts: "Region | None" = None):
+        """`layouts`: take the physical layouts (padding, concat segments) from this Region (the
+        whole graph's), so that tensors shared between regions agree on their storage."""
         self.graph = graph
         self.plan = region
         self.rid = region.get("id", 0)
@@ -183,7 +185,10 @@ class Region:
         # its A's layout along K (zero rows in the pads). Only padded tensors get entries.
         self.cseg: dict[str, list[tuple[int, int, int]]] = {}   # (logical start, width, physical start)
         self.rseg: dict[str, list[tuple[int, int, int]]] = {}   # rows of a B operand (K)
-        self._layouts()
+        if layouts is not None:
+            self.cseg, self.rseg = dict(layouts.cseg), dict(layouts.rseg)
+        else:
+            self._layouts()
 
     def root(self, t: str) -> str:
         while t in self.alias:
@@ -610,6 +615,7 @@ class PipelineLayout:
     notes: list[str]
     plant_deadlock: bool = False
     teams: int = TEAMS                              # 256-thread workers per CTA
+    time_off: int = 0                               # per worker: %globaltimer at start and end (2 x u64)
 
     def ring_of(self, tensor: str) -> Ring | None:
         for r in self.rings:
@@ -723,13 +729,23 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
                 qt = q.get("tensors") or ([q["tensor"]] if q.get("tensor") else [])
                 if any(x in names for x in qt):
                     # the explorer counts queue depth and slot bytes in column slabs of a row-block
-                    slabs = max(1, int((stages_p[int(q["producer"])].get("tile") or {}).get("slabs", 1)))
+                    ptile = stages_p[int(q["producer"])].get("tile") or {}
+                    slabs = max(1, int(ptile.get("slabs", 1)))
                     d = max(1, int(q.get("depth", 2)) // slabs)
+                    # a plan tile of R rows runs as R / bm harness row-blocks: keep the plan's ring
+                    # capacity (depth x R rows), not its slot count
+                    d *= max(1, int(ptile.get("rows", bm)) // bm)
                     depth = d if depth is None else max(depth, d)
                     if q.get("slot_bytes") is not None:
-                        slot_bytes = float(q["slot_bytes"]) * slabs
+                        slot_bytes = float(q["slot_bytes"]) * slabs / max(1, int(ptile.get("rows", bm)) // bm)
                     modes[int(q["consumer"])] = q.get("mode", "row")
-            depth = depth or 2
+            if depth is None:
+                # a ring inside a stage (no plan queue): room for the stage's plan tile of R rows
+                # (R / bm row-blocks), at least double buffering, so that the stage's workers can
+                # spread over row-blocks as the plan's stage spreads over its tile
+                ptile = stages_p[st.stage].get("tile") or {}
+                depth = max(2, min(int(ptile.get("rows", bm)) // bm,
+                                   INTRA_RING_BYTES // max(1, bm * reg.shape2(t)[1] * 2)))
             ring = Ring(len(rings), t, cols, st.sid, depth=depth, bm=bm,
                         direct=t in reg.outputs, plan_slot_bytes=slot_bytes)
             for c in cons:
@@ -787,11 +803,14 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
             st.ws_slots = rings[st.split_k_ring].nslots
             st.fix_off = off
             off += st.ws_slots * st.n_tiles
+    time_off = (off + 1) // 2 * 2                   # 8-byte aligned
+    off = time_off + first * teams * 4
     return PipelineLayout(reg, bm, rows, nrb, stages, steps, rings, first, off, smid_off, notes,
-                          plant_deadlock, teams)
+                          plant_deadlock, teams, time_off)
 
 
-KSPLIT_WS_BYTES = 24 * 2**20     # fp32 partials budget of a K-split consumer (L2-resident)
+KSPLIT_WS_BYTES = 24 * 2**20
+INTRA_RING_BYTES = 8 * 2**20     # cap of a ring between two steps of one stage (no plan queue)     # fp32 partials budget of a K-split consumer (L2-resident)
 
 
 def ring_rows(ring: Ring) -> int:

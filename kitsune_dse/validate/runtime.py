@@ -259,6 +259,43 @@ class StandaloneVariant(Variant):
                 a, b, out = obj
                 cp.matmul(a, b, out=out)
 
+    def kernel_times(self, stream, flush=None, runs: int = 5) -> list[tuple[str, float]]:
+        """Per group (an op, or a fusion group), the median device time between CUDA events
+        recorded around its launches, in eager order on cold L2: (ops joined by '+', seconds).
+        Events delimit kernels, so a gap while the host issues the next launch is included."""
+        cp = _cp()
+        names = []
+        for kind, obj in self.calls:
+            names.append(obj[1].group if kind == "k" else "mm")
+        group_ops = {g.name: "+".join(g.ops) for g in self._groups}
+        samples = []
+        for _ in range(runs):
+            self.pre(False)
+            if flush is not None:
+                flush(stream)
+            ev = [cp.cuda.Event() for _ in range(len(self.calls) + 1)]
+            with stream:
+                ev[0].record(stream)
+                for i, (kind, obj) in enumerate(self.calls):
+                    if kind == "k":
+                        fn, ln = obj
+                        fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
+                    else:
+                        a, b, out = obj
+                        cp.matmul(a, b, out=out)
+                    ev[i + 1].record(stream)
+            ev[-1].synchronize()
+            samples.append([cp.cuda.get_elapsed_time(ev[i], ev[i + 1]) * 1e-3 for i in range(len(self.calls))])
+        med = np.median(np.asarray(samples), axis=0)
+        out: list[tuple[str, float]] = []
+        for n, t in zip(names, med):
+            label = group_ops.get(n, n)
+            if out and out[-1][0] == label:      # a split-K GEMM's reduce joins its GEMM
+                out[-1] = (label, out[-1][1] + float(t))
+            else:
+                out.append((label, float(t)))
+        return out
+
     def run(self, stream):
         if not self.graph_mode:
             with stream:
@@ -371,6 +408,17 @@ class PipelineVariant(Variant):
         disjoint = all(not (set(a) & set(b)) for i, a in enumerate(per_stage) for b in per_stage[i + 1:])
         self.placement = {"ctas": lay.grid, "distinct_sms": distinct, "stages_disjoint": disjoint,
                           "sms_per_stage": [len(x) for x in per_stage]}
+        ts = c[lay.time_off: lay.time_off + lay.grid * lay.teams * 4].view(np.uint64).reshape(-1, 2)
+        if ts.size and int(ts[:, 0].min()) > 0:
+            t0 = int(ts[:, 0].min())
+            ends, firsts = [], []
+            for s in lay.stages:
+                w = ts[s.first_cta * lay.teams:(s.first_cta + s.ctas) * lay.teams, 1].astype(np.int64) - t0
+                ends.append(round(float(w.max()) / 1e3, 2))
+                firsts.append(round(float(w.min()) / 1e3, 2))
+            # per stage: when its last worker finished and when its first did (us after the kernel's start)
+            self.placement["stage_end_us"] = ends
+            self.placement["stage_first_end_us"] = firsts
         if distinct != lay.grid:
             raise PipelineError(f"placement: {lay.grid} CTAs ran on only {distinct} distinct SMs")
 

@@ -1,0 +1,399 @@
+"""Prediction accuracy of the explorer's models against the validation suite's measurements.
+
+    python bench/accuracy.py [--suite results/validation/h100/suite] [--out results/accuracy/h100.csv]
+                             [--readme-section results/accuracy/README_SECTION.md]
+
+Reads the suite's validation.csv (latencies), validation_ncu.csv (DRAM bytes) and manifest.json
+(every plan's and baseline's prediction, made with hw_specs/h100-sxm.calibrated.yaml, and the
+cublas variant's with hw_specs/h100-sxm-cublas.calibrated.yaml) and writes one CSV of rows by `kind`:
+
+  op        bsp-eager kernel per op: predicted kernel latency (the bsp estimate's breakdown) against
+            the CUDA-event time around its launch on the GPU (cold L2 at the first op)
+  stage     pipeline stage: predicted time its last unit ends (region latency minus the later
+            stages' unit latencies) against the measured end of its last worker (%globaltimer)
+  region    each region of each plan run alone (cold L2)
+  e2e       each workload x alternative (explorer-1..6, hand-*, and the baselines bsp-eager,
+            bsp-graph, fusion, fusion-graph, cublas): predicted end-to-end latency against the
+            measured one (multi-region plans: the regions back to back on shared tensors)
+  dram      DRAM bytes read + written: predicted against ncu (multi-region: sum of the regions)
+  workload  per workload: MAPE and worst |error| over its alternatives, Spearman rank correlation
+            of predicted and measured latency over the alternatives (scipy.stats.spearmanr), and
+            the regret of the explorer's pick (measured time of explorer-1 over the best measured
+            alternative, minus one)
+  overall   the same statistics pooled
+
+error_pct = 100 (predicted - measured) / measured (negative: the model is optimistic);
+MAPE = mean |error_pct|. `implemented` is false for plans with a tilesync or concurrent region:
+the harness runs those regions as their kernel groups eagerly (a proxy), so their error mixes the
+model's error with the missing implementation.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+SUITE = ROOT / "results/validation/h100/suite"
+OUT = ROOT / "results/accuracy/h100.csv"
+SECTION = ROOT / "results/accuracy/README_SECTION.md"
+BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas"]
+HARNESS_BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph"]
+FIELDS = ["kind", "workload", "alternative", "variant", "item", "implemented", "predicted", "measured",
+          "error_pct", "n", "mape_pct", "worst_pct", "spearman", "spearman_all", "regret", "regret_alt",
+          "pick", "best", "unit", "notes"]
+
+
+def _f(x):
+    try:
+        v = float(x)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+def err(pred, meas):
+    return 100.0 * (pred - meas) / meas
+
+
+def load(suite: Path):
+    rows = list(csv.DictReader(open(suite / "validation.csv")))
+    ncu = list(csv.DictReader(open(suite / "validation_ncu.csv"))) if (suite / "validation_ncu.csv").exists() else []
+    manifest = json.loads((suite / "manifest.json").read_text())
+    return rows, ncu, manifest
+
+
+def spearman(xs, ys):
+    from scipy.stats import spearmanr
+    if len(xs) < 3 or len(set(xs)) < 2 or len(set(ys)) < 2:
+        return None
+    r = spearmanr(xs, ys)
+    v = float(getattr(r, "statistic", r[0]))
+    return v if math.isfinite(v) else None
+
+
+def build(suite: Path) -> list[dict]:
+    rows, ncu, manifest = load(suite)
+    out: list[dict] = []
+    by_plan: dict[str, list[dict]] = {}
+    for r in rows:
+        by_plan.setdefault(r["plan"], []).append(r)
+    all_e2e = []
+    for w in manifest["workloads"]:
+        name = w["name"]
+        # -- per op (bsp-eager kernel times) ------------------------------------------------------
+        whole = by_plan.get(f"{name}/whole", [])
+        be = next((r for r in whole if r["variant"] == "bsp-eager"), None)
+        if be and be.get("kernel_times_us"):
+            pk = {k["kernel"]: k["latency_s"] for k in w["baselines"]["bsp-graph"]["kernels"]}
+            for op, us in json.loads(be["kernel_times_us"]):
+                if op in pk and us > 0:
+                    out.append({"kind": "op", "workload": name, "alternative": "whole", "variant": "bsp-eager",
+                                "item": op, "implemented": True, "predicted": pk[op], "measured": us * 1e-6,
+                                "error_pct": err(pk[op], us * 1e-6), "unit": "s",
+                                "notes": "event-delimited eager launch (includes host issue gaps of short kernels)"})
+        # -- alternatives: plans ----------------------------------------------------------------------
+        e2e = []
+        for p in w["plans"]:
+            if p.get("rejected"):
+                continue
+            stem = Path(p["file"]).stem
+            prs = by_plan.get(f"{name}/{stem}", [])
+            meas = None
+            e2e_row = next((r for r in prs if r["variant"] == "plan-e2e"), None)
+            if e2e_row is not None:
+                meas = _f(e2e_row.get("measured_latency_s"))
+            elif len(p["regions"]) == 1:
+                r0 = next((r for r in prs if r["variant"] == "plan"), None)
+                meas = _f(r0.get("measured_latency_s")) if r0 else None
+            ok = all(r.get("correct") == "True" for r in prs) and bool(prs)
+            if meas:
+                e2e.append({"kind": "e2e", "workload": name, "alternative": stem, "variant": "plan",
+                            "item": "+".join(p["strategies"]), "implemented": p["implemented"],
+                            "predicted": p["predicted_s"], "measured": meas,
+                            "error_pct": err(p["predicted_s"], meas), "unit": "s",
+                            "notes": "" if ok else "a region was not correct"})
+            # regions and stages
+            for reg in p["regions"]:
+                rr = next((r for r in prs if r["variant"] == "plan" and str(r["region"]) == str(reg["id"])), None)
+                m = _f(rr.get("measured_latency_s")) if rr else None
+                if not m:
+                    continue
+                out.append({"kind": "region", "workload": name, "alternative": stem, "variant": "plan",
+                            "item": f"region {reg['id']} {reg['strategy']}",
+                            "implemented": reg["strategy"] in ("pipeline", "bsp", "fusion"),
+                            "predicted": reg["predicted_s"], "measured": m, "error_pct": err(reg["predicted_s"], m),
+                            "unit": "s", "notes": "region alone, cold L2"})
+                if reg["strategy"] == "pipeline" and rr.get("placement"):
+                    pl = json.loads(rr["placement"])
+                    ends = pl.get("stage_end_us") or []
+                    units = [s.get("unit_s") or 0.0 for s in reg["stages"]]
+                    for j, (st, e) in enumerate(zip(reg["stages"], ends)):
+                        pred_end = reg["predicted_s"] - sum(units[j + 1:])
+                        if e > 0 and pred_end > 0:
+                            out.append({"kind": "stage", "workload": name, "alternative": stem, "variant": "plan",
+                                        "item": f"region {reg['id']} stage {j} [{'+'.join(st['ops'])}] on {st['sms']} SMs",
+                                        "implemented": True, "predicted": pred_end, "measured": e * 1e-6,
+                                        "error_pct": err(pred_end, e * 1e-6), "unit": "s",
+                                        "notes": "end of the stage's last unit after the kernel start"})
+        # -- alternatives: baselines (the whole model as one region) ------------------------------------
+        for v in BASELINES:
+            r = next((x for x in whole if x["variant"] == v), None)
+            m = _f(r.get("measured_latency_s")) if r else None
+            pred = w["baselines"][v]["latency_s"]
+            if m:
+                e2e.append({"kind": "e2e", "workload": name, "alternative": v, "variant": v, "item": v,
+                            "implemented": True, "predicted": pred, "measured": m, "error_pct": err(pred, m),
+                            "unit": "s", "notes": "cuBLAS spec" if v == "cublas" else ""})
+        out += e2e
+        all_e2e += e2e
+        # -- DRAM bytes --------------------------------------------------------------------------------------
+        meas_b: dict[tuple[str, str], list[float]] = {}
+        for r in ncu:
+            if not r["plan"].startswith(name + "/"):
+                continue
+            rb, wb = _f(r.get("measured_dram_read_bytes")), _f(r.get("measured_dram_write_bytes"))
+            if rb is None or wb is None:
+                continue
+            key = (r["plan"].split("/", 1)[1], r["variant"])
+            meas_b.setdefault(key, [0.0, 0.0])
+            meas_b[key][0] += rb
+            meas_b[key][1] += wb
+        for (stem, v), (rb, wb) in sorted(meas_b.items()):
+            if stem == "whole":
+                b = w["baselines"].get(v)
+                if not b:
+                    continue
+                pr, pw, alt = b["dram_read_bytes"], b["dram_write_bytes"], v
+            else:
+                p = next((x for x in w["plans"] if Path(x["file"]).stem == stem), None)
+                if p is None:
+                    continue
+                pr, pw, alt = p["predicted_dram_read_bytes"], p["predicted_dram_write_bytes"], stem
+            out.append({"kind": "dram", "workload": name, "alternative": alt, "variant": v, "item": "read+write",
+                        "implemented": True, "predicted": pr + pw, "measured": rb + wb,
+                        "error_pct": err(pr + pw, rb + wb), "unit": "B",
+                        "notes": f"read pred {pr / 1e6:.1f} MB meas {rb / 1e6:.1f} MB; write pred {pw / 1e6:.1f} MB meas {wb / 1e6:.1f} MB"})
+        out.append(workload_summary(name, e2e))
+    out += overall(out)
+    return out
+
+
+def workload_summary(name: str, e2e: list[dict]) -> dict:
+    errs = [abs(r["error_pct"]) for r in e2e]
+    cands = [r for r in e2e if r["variant"] != "cublas"]      # what the explorer chooses among
+    alts = [r for r in e2e if r["variant"] == "plan"]
+    pick = next((r for r in e2e if r["alternative"] == "explorer-1"), None)
+    best = min(cands, key=lambda r: r["measured"]) if cands else None
+    best_alt = min(alts, key=lambda r: r["measured"]) if alts else None
+    return {"kind": "workload", "workload": name, "alternative": "all", "variant": "all", "item": "e2e",
+            "n": len(e2e), "mape_pct": sum(errs) / len(errs) if errs else None,
+            "worst_pct": max(e2e, key=lambda r: abs(r["error_pct"]))["error_pct"] if e2e else None,
+            "spearman": spearman([r["predicted"] for r in alts], [r["measured"] for r in alts]),
+            "spearman_all": spearman([r["predicted"] for r in cands], [r["measured"] for r in cands]),
+            "regret": pick["measured"] / best["measured"] - 1 if pick and best else None,
+            "regret_alt": pick["measured"] / best_alt["measured"] - 1 if pick and best_alt else None,
+            "pick": pick["measured"] if pick else None, "best": best["alternative"] if best else None,
+            "predicted": pick["predicted"] if pick else None, "measured": pick["measured"] if pick else None,
+            "error_pct": pick["error_pct"] if pick else None, "unit": "s",
+            "notes": "spearman: plans (explorer + hand); spearman_all: plans + harness baselines; "
+                     "regret: vs best of plans + harness baselines; regret_alt: vs best plan"}
+
+
+def overall(rows: list[dict]) -> list[dict]:
+    out = []
+
+    def stat(kind, sel, label, **extra):
+        rs = [r for r in rows if r["kind"] == kind and sel(r)]
+        if not rs:
+            return
+        errs = [abs(r["error_pct"]) for r in rs]
+        out.append({"kind": "overall", "workload": "all", "alternative": label, "variant": kind, "item": label,
+                    "n": len(rs), "mape_pct": sum(errs) / len(errs),
+                    "worst_pct": max(rs, key=lambda r: abs(r["error_pct"]))["error_pct"], "unit": "%", **extra})
+    stat("e2e", lambda r: True, "e2e all")
+    stat("e2e", lambda r: r["variant"] == "plan" and r["implemented"], "e2e plans run as planned")
+    stat("e2e", lambda r: r["variant"] == "plan" and r["implemented"] and "pipeline" in r["item"],
+         "e2e plans with pipelines")
+    stat("e2e", lambda r: r["variant"] == "plan" and not r["implemented"], "e2e plans with tilesync/concurrent (proxy)")
+    for v in BASELINES:
+        stat("e2e", lambda r, v=v: r["variant"] == v, f"e2e {v}")
+    stat("op", lambda r: True, "op (bsp-eager kernels)")
+    stat("op", lambda r: r["measured"] >= 20e-6, "op >= 20 us")
+    stat("stage", lambda r: True, "pipeline stage end")
+    stat("region", lambda r: True, "region alone")
+    stat("dram", lambda r: True, "DRAM bytes")
+    stat("dram", lambda r: r["variant"] != "plan", "DRAM bytes, baselines")
+    stat("dram", lambda r: r["variant"] == "plan", "DRAM bytes, plans")
+    ws = [r for r in rows if r["kind"] == "workload"]
+    sp = [r["spearman"] for r in ws if r["spearman"] is not None]
+    spa = [r["spearman_all"] for r in ws if r["spearman_all"] is not None]
+    rg = [r["regret"] for r in ws if r["regret"] is not None]
+    rga = [r["regret_alt"] for r in ws if r["regret_alt"] is not None]
+    out.append({"kind": "overall", "workload": "all", "alternative": "rank", "variant": "workload",
+                "item": "mean over workloads", "n": len(ws),
+                "spearman": sum(sp) / len(sp) if sp else None, "spearman_all": sum(spa) / len(spa) if spa else None,
+                "regret": sum(rg) / len(rg) if rg else None, "regret_alt": sum(rga) / len(rga) if rga else None,
+                "worst_pct": max(rg) if rg else None, "unit": "",
+                "notes": "worst_pct here is the largest regret"})
+    return out
+
+
+def write(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for r in rows:
+            w.writerow({k: fmt(r.get(k)) for k in FIELDS})
+
+
+def fmt(v):
+    if v is None:
+        return ""
+    if isinstance(v, bool):
+        return str(v)
+    if isinstance(v, float):
+        return f"{v:.6g}"
+    return v
+
+
+# -- the README table (tests/test_accuracy_readme.py checks README.md holds exactly these lines) ---------
+def pct(x):
+    return "-" if x is None or x == "" else f"{float(x):+.0f}%"
+
+
+def apct(x):
+    return "-" if x is None or x == "" else f"{float(x):.0f}%"
+
+
+def num(x, d=2):
+    return "-" if x is None or x == "" else f"{float(x):.{d}f}"
+
+
+def us(x):
+    return "-" if x is None or x == "" else f"{float(x) * 1e6:,.0f}"
+
+
+def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
+    """(workload table lines, overall table lines) as they must appear in README.md."""
+    e2e = {}
+    for r in rows:
+        if r["kind"] == "e2e":
+            e2e[(r["workload"], r["alternative"])] = r
+    wl = ["| workload | pick (explorer-1) | predicted µs | measured µs | bsp-graph µs | fusion µs | cublas µs "
+          "| MAPE | worst | Spearman | regret |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in rows:
+        if r["kind"] != "workload":
+            continue
+        name = r["workload"]
+        pick = e2e.get((name, "explorer-1"))
+        strat = pick["item"] if pick else "-"
+        if pick and not pick["implemented"]:
+            strat += " (proxy)"
+        wl.append(f"| {name} | {strat} | {us(pick and pick['predicted'])} | {us(pick and pick['measured'])} "
+                  f"| {us(e2e.get((name, 'bsp-graph'), {}).get('measured'))} "
+                  f"| {us(e2e.get((name, 'fusion'), {}).get('measured'))} "
+                  f"| {us(e2e.get((name, 'cublas'), {}).get('measured'))} "
+                  f"| {apct(r['mape_pct'])} | {pct(r['worst_pct'])} | {num(r['spearman_all'])} | {apct(r['regret'] * 100 if r['regret'] is not None else None)} |")
+    ov = ["| what | n | MAPE | worst |", "|---|---:|---:|---:|"]
+    rank = None
+    for r in rows:
+        if r["kind"] != "overall":
+            continue
+        if r["alternative"] == "rank":
+            rank = r
+            continue
+        ov.append(f"| {r['item']} | {r['n']} | {apct(r['mape_pct'])} | {pct(r['worst_pct'])} |")
+    if rank:
+        ov.append(f"| mean Spearman over workloads (plans / plans + baselines) | {rank['n']} "
+                  f"| {num(rank['spearman'])} / {num(rank['spearman_all'])} | - |")
+        ov.append(f"| mean regret of the pick (vs plans + baselines / vs plans) | {rank['n']} "
+                  f"| {apct(rank['regret'] * 100)} / {apct(rank['regret_alt'] * 100)} | {apct(rank['worst_pct'] * 100)} |")
+    return wl, ov
+
+
+def read_csv_rows(path: Path) -> list[dict]:
+    """The CSV back as build() rows (numbers as floats) for readme_lines()."""
+    out = []
+    for r in csv.DictReader(open(path)):
+        d = dict(r)
+        for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "spearman_all",
+                  "regret", "regret_alt"):
+            d[k] = _f(d.get(k))
+        d["n"] = int(d["n"]) if d.get("n") else None
+        d["implemented"] = d.get("implemented") == "True"
+        out.append(d)
+    return out
+
+
+def section(rows: list[dict], suite: Path) -> str:
+    wl, ov = readme_lines(rows)
+    env = json.loads((suite / "env.json").read_text()) if (suite / "env.json").exists() else {}
+    return "\n".join([
+        "## Prediction accuracy on an H100",
+        "",
+        f"Measured on {env.get('gpu', 'an H100')} (driver {env.get('driver_version', '?')}, CuPy "
+        f"{env.get('cupy', '?')}, {env.get('date', '?')[:10]}) by the validation suite "
+        "(`bench/validate_suite.py`, results in `results/validation/h100/suite/`); predictions with "
+        "the calibrated specs `hw_specs/h100-sxm.calibrated.yaml` (the harness's GEMM tile) and "
+        "`hw_specs/h100-sxm-cublas.calibrated.yaml` (the `cublas` variant). Error = (predicted − "
+        "measured) / measured; MAPE and worst over each workload's alternatives (explorer plans, hand "
+        "plans, baselines); Spearman over plans + harness baselines; regret = measured time of the "
+        "explorer's pick over the best measured alternative − 1. \"(proxy)\": the pick has tilesync or "
+        "concurrent regions, which the harness runs as their kernel groups. Regenerate with "
+        "`python bench/accuracy.py` (writes `results/accuracy/h100.csv`); "
+        "`tests/test_accuracy_readme.py` checks that these tables match it.",
+        "",
+        *wl,
+        "",
+        *ov,
+        "",
+    ])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--suite", default=str(SUITE))
+    ap.add_argument("--out", default=str(OUT))
+    ap.add_argument("--readme-section", default=str(SECTION))
+    a = ap.parse_args()
+    suite = Path(a.suite)
+    rows = build(suite)
+    write(rows, Path(a.out))
+    rows = read_csv_rows(Path(a.out))      # the tables come from the CSV as written (rounding included)
+    Path(a.readme_section).write_text(section(rows, suite))
+    from rich.console import Console
+    from rich.table import Table
+    c = Console(width=200)
+    t = Table(title="prediction accuracy per workload (e2e over alternatives)")
+    for col in ("workload", "n", "pick pred µs", "pick meas µs", "best alternative", "MAPE", "worst", "Spearman plans",
+                "Spearman +baselines", "regret", "regret vs plans"):
+        t.add_column(col, justify="left" if col in ("workload", "best alternative") else "right")
+    for r in rows:
+        if r["kind"] == "workload":
+            t.add_row(r["workload"], str(r["n"]), us(r["predicted"]), us(r["measured"]), r["best"] or "-",
+                      apct(r["mape_pct"]), pct(r["worst_pct"]), num(r["spearman"]), num(r["spearman_all"]),
+                      apct(r["regret"] * 100 if r["regret"] is not None else None),
+                      apct(r["regret_alt"] * 100 if r["regret_alt"] is not None else None))
+    c.print(t)
+    t = Table(title="pooled")
+    for col in ("what", "n", "MAPE", "worst", "Spearman", "regret"):
+        t.add_column(col)
+    for r in rows:
+        if r["kind"] == "overall":
+            if r["alternative"] == "rank":
+                t.add_row(r["item"], str(r["n"]), "", f"max regret {apct(r['worst_pct'] * 100)}",
+                          f"{num(r['spearman'])} / {num(r['spearman_all'])}",
+                          f"{apct(r['regret'] * 100)} / {apct(r['regret_alt'] * 100)}")
+            else:
+                t.add_row(r["item"], str(r["n"]), apct(r["mape_pct"]), pct(r["worst_pct"]), "", "")
+    c.print(t)
+    print(f"wrote {a.out} and {a.readme_section}")
+
+
+if __name__ == "__main__":
+    main()
