@@ -15,7 +15,8 @@ Modules
                 allocate, launch the variants
   reference.py  fp32 reference on the GPU, error metrics, random inputs
   measure.py    CUDA-event timing, L2 flush
-  harness.py    validate_plan(): all regions x variants -> rows -> validation.csv + rich table
+  harness.py    validate_plan(): all regions x variants -> rows -> validation.csv + rich table;
+                validate_plan_e2e(): a plan's regions back to back (end-to-end time)
   ncu.py        DRAM bytes per variant with Nsight Compute in range-replay mode (--ncu)
   microbench.py the tile kernels alone: GEMM TFLOP/s against cuBLAS, GB/s of the others
   cli_cmds.py   `kitsune-dse validate PLAN.json [--out DIR] [--runs N] [--retarget] [--ncu]`
@@ -80,6 +81,23 @@ The persistent pipeline kernel (codegen.pipeline_source)
   ring, row-block, needed and seen counts in the control block's header and gives up; every spin
   also gives up once the header is set. The host checks the header after every run and raises
   PipelineError("pipeline deadlock: ..."): a deadlock is an error report, never a hang.
+
+Layouts, concat, batched GEMMs (lower.Region)
+  A last dimension that is not a multiple of 8 is stored padded to one (zeros in the pads: the
+  harness fills inputs through reference.fill_physical and compares reference.to_logical(...)); a
+  GEMM's B takes its A's K layout (zero rows), a last-axis concat lays each input out at a
+  multiple of 8 and copies 8-column vectors (a "cat" ew group). Row ops over padded columns are
+  refused. Matmul/bmm with trans_b (GemmCfg<..., TB=true>: B staged as [BN][BK], ldmatrix without
+  .trans) and batched B (a batch per `mper` rows of A, which must be a multiple of the tile rows).
+  Every region of a multi-region plan takes the whole graph's layouts (harness.whole_region).
+Plan tiles of R > bm rows run as R/bm row-blocks: a plan queue of depth d becomes a ring of
+  d x R/bm row-block slots (the plan's capacity); a ring between two steps of one stage gets
+  max(2, R/bm) slots, at most 8 MiB (lower.INTRA_RING_BYTES).
+End to end (harness.validate_plan_e2e): a plan's regions back to back on shared tensors (one
+  stream, eager between regions, cold L2 at the start), checked against the whole graph.
+Stage timers: every worker of the persistent kernel records %globaltimer at its start and end;
+  placement["stage_end_us"] is when each stage's last worker finished (after the kernel's first
+  worker started). bsp-eager can record per-kernel CUDA-event times (kernel_times=True).
 
 Correctness: each variant runs `checks` times on fresh random inputs (weights N(0,1)/sqrt(K),
 activations N(0,1)) with outputs (and ring slots) poisoned with NaN first; every region output is

@@ -1,0 +1,65 @@
+"""README.md's accuracy tables match results/accuracy/h100.csv, and that CSV matches the suite's
+measurements (bench/accuracy.py recomputed from results/validation/h100/suite/). No GPU needed."""
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+CSV = ROOT / "results/accuracy/h100.csv"
+SUITE = ROOT / "results/validation/h100/suite"
+
+
+def _accuracy():
+    spec = importlib.util.spec_from_file_location("kdse_bench_accuracy", ROOT / "bench/accuracy.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_readme_accuracy_tables_match_the_csv():
+    acc = _accuracy()
+    rows = acc.read_csv_rows(CSV)
+    workloads, overall = acc.readme_lines(rows)
+    assert len(workloads) >= 2 + 8 and len(overall) >= 2 + 10
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert "## Prediction accuracy on an H100" in text, \
+        "README.md lacks the accuracy section: paste results/accuracy/README_SECTION.md into it"
+    missing = [ln for ln in workloads + overall if ln not in text]
+    assert not missing, "README.md's accuracy tables differ from results/accuracy/h100.csv " \
+                        "(rerun python bench/accuracy.py and paste README_SECTION.md):\n" + "\n".join(missing)
+
+
+def test_accuracy_csv_is_up_to_date_with_the_suite():
+    acc = _accuracy()
+    fresh = {(r["kind"], r["workload"], r["alternative"], r.get("item")): r for r in acc.build(SUITE)}
+    stored = acc.read_csv_rows(CSV)
+    assert len(stored) == len(fresh)
+    for r in stored:
+        f = fresh[(r["kind"], r["workload"], r["alternative"], r["item"])]
+        for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "regret"):
+            a, b = r.get(k), f.get(k)
+            if a is None or b is None:
+                assert a is None and (b is None or (isinstance(b, float) and not math.isfinite(b))), (r, k)
+                continue
+            assert a == pytest.approx(b, rel=1e-5, abs=1e-12), (r["kind"], r["workload"], r["alternative"], k)
+
+
+def test_accuracy_definitions():
+    acc = _accuracy()
+    assert acc.err(110.0, 100.0) == pytest.approx(10.0)        # optimistic model: negative
+    assert acc.err(50.0, 100.0) == pytest.approx(-50.0)
+    assert acc.spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert acc.spearman([1, 2, 3, 4], [40, 30, 20, 10]) == pytest.approx(-1.0)
+    assert acc.spearman([1, 1, 1], [1, 2, 3]) is None           # ties only: undefined
+    w = acc.workload_summary("x", [
+        {"alternative": "explorer-1", "variant": "plan", "predicted": 1.0, "measured": 2.0, "error_pct": -50.0},
+        {"alternative": "explorer-2", "variant": "plan", "predicted": 2.0, "measured": 1.5, "error_pct": 33.3},
+        {"alternative": "bsp-graph", "variant": "bsp-graph", "predicted": 3.0, "measured": 1.0, "error_pct": 200.0},
+        {"alternative": "cublas", "variant": "cublas", "predicted": 3.0, "measured": 0.5, "error_pct": 500.0}])
+    assert w["regret"] == pytest.approx(1.0)          # 2.0 over the best non-cuBLAS alternative 1.0
+    assert w["regret_alt"] == pytest.approx(2.0 / 1.5 - 1)
+    assert w["worst_pct"] == pytest.approx(500.0) and w["n"] == 4
