@@ -307,7 +307,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
         t = t * (bw_bound / sim.makespan_s)
         sim = simulate(np.repeat(t[:, None], units, axis=1), [d * plan.slabs for d in c.depths],
                        spec.sync_latency_s)
-    latency = max(sim.makespan_s, bw_bound) + spec.graph_launch_overhead_s
+    latency = max(sim.makespan_s, bw_bound) + spec.persistent_launch_cost_s
     busy = float(sum(t[j] * units * c.sms[j] for j in range(len(t))))
     return Estimate(
         latency_s=latency, dram_read_bytes=totals["dram_read_bytes"],

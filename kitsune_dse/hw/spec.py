@@ -111,6 +111,8 @@ class HwSpec(_Strict):
     graph_launch_overhead_s: Pos                # device gap per kernel node in a CUDA graph
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
+    persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
+                                                # kernel (default: graph_launch_overhead_s)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
     efficiency: Efficiency = Efficiency()
     calibration: Calibration | None = None
@@ -159,6 +161,11 @@ class HwSpec(_Strict):
         lin = np.maximum(s, 1e-9) * self.l2_per_sm_bandwidth_Bps
         out = (lin ** -p + bmax ** -p) ** (-1.0 / p)
         return out if out.ndim else float(out)
+
+    @property
+    def persistent_launch_cost_s(self) -> float:
+        return self.persistent_launch_s if self.persistent_launch_s is not None \
+            else self.graph_launch_overhead_s
 
     @property
     def l2_usable_bytes(self) -> float:

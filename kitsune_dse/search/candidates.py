@@ -363,7 +363,7 @@ class _PipelineEnumerator:
         B = max(T)
         dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
         model = max(sum(T) + (units - 1) * B + (J - 1) * spec.sync_latency_s,
-                    dram / spec.hbm_bandwidth_from(S)) + spec.graph_launch_overhead_s
+                    dram / spec.hbm_bandwidth_from(S)) + spec.persistent_launch_cost_s
         # queue depths: the smallest adequate ones if they fit beside the resident weights
         depths = probe.depths
         budget = _queue_budget(spec, plan, totals.get("weights_resident"))

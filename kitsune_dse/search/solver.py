@@ -250,7 +250,7 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
     return PipeModel(
         J=J, allowed=allowed, tab=tab, units=int(c.units), slabs=int(c.slabs),
         sync=_ns(spec.sync_latency_s), floor_at=at, floor=floor,
-        launch=_ns(spec.graph_launch_overhead_s),
+        launch=_ns(spec.persistent_launch_cost_s),
         slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
         budget_kib=int(math.floor(c.queue_budget_bytes / BYTE_UNIT)), sm_count=S)
 
