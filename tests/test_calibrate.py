@@ -46,3 +46,17 @@ def test_calibrated_spec_is_a_valid_spec_with_provenance():
     assert spec.calibration is not None and res["hbm_rms_rel_error"] < 1e-3
     again = spec_from_dict(spec.model_dump(mode="json"), "round trip")
     assert again == spec
+
+
+def test_calibrate_without_a_gpu_is_a_one_line_error(capsys, tmp_path):
+    from kitsune_dse.cli import main
+    try:
+        import cupy
+        cupy.cuda.runtime.getDeviceCount()
+        pytest.skip("a GPU is present")
+    except Exception:
+        pass
+    rc = main(["calibrate", "--out", str(tmp_path / "spec.yaml")])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert rc == 2 and len(err) == 1 and ("GPU" in err[0] or "CuPy" in err[0])
+    assert not (tmp_path / "spec.yaml").exists()

@@ -18,11 +18,17 @@ def calibrate(base: str = "h100-sxm", out: Path | None = None, progress=None,
     from kitsune_dse.hw import load_spec
     from kitsune_dse.report.io import atomic_write_text
     try:
-        import cupy  # noqa: F401
+        import cupy
     except ImportError:
         raise KitsuneError("calibrate needs CuPy and an NVIDIA GPU: pip install 'kitsune-dse[gpu]'") from None
     from kitsune_dse.calibrate.microbench import run_all
     spec = load_spec(base)
+    try:
+        cupy.cuda.runtime.getDeviceCount()
+        cupy.cuda.Device(0).compute_capability
+    except Exception as e:  # CuPy raises its own runtime errors when no driver or GPU is usable
+        raise KitsuneError(f"no usable NVIDIA GPU for calibration ({e.__class__.__name__}: "
+                           f"{str(e).splitlines()[0] if str(e) else ''})") from None
     raw = run_all(progress)
     check_finite(raw)
     new, residuals = calibrated_spec(spec, raw)
