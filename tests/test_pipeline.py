@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from kitsune_dse.cost.roofline import split_k_partials_bytes
+from dataclasses import replace
 
 from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, full_dep_graph,
                             gather_graph, hbm_curve, mlp_graph)
@@ -96,8 +98,12 @@ def test_one_stage_equals_the_fused_kernel_on_all_sms(tile_rows):
     r = Region.of(g, ["fc1", "gelu"])
     e = pipeline(r, H100, PipelineChoice((("fc1", "gelu"),), (132,), tile_rows))
     (w,) = kernel_works(r, [("fc1", "gelu")], H100)
+    # the persistent runtime's CTA tile is 128 x 128 over the whole K (no split-K); the same
+    # kernel with that tile: 2048/128 * 16384/128 = 2048 tiles
+    w = replace(w, tiles=16 * 128, tile_shape=(128, 128), split_k=1,
+                l2_bytes=w.l2_bytes - split_k_partials_bytes(1, 2048, 16384, w.split_k))
     assert e.latency_s == pytest.approx(kernel_time(w, H100, 132) + 0.8e-6, rel=1e-12)
-    assert e.latency_s == pytest.approx(fusion(r, H100).latency_s, rel=1e-12)
+    assert e.latency_s >= fusion(r, H100).latency_s * (1 - 1e-12)   # fusion may pick a better tile
     assert e.dram_read_bytes == w.dram_read_bytes and e.dram_write_bytes == w.dram_write_bytes
 
 
@@ -144,8 +150,11 @@ def test_pipeline_latency_is_the_queue_model_of_its_stage_times():
     assert e.breakdown["makespan_s"] == pytest.approx(sim.makespan_s)
     assert e.latency_s == pytest.approx(max(sim.makespan_s, e.breakdown["dram_bound_s"]) + 0.8e-6)
     # deep enough queue: sum(t) + sync + (N - 1) max(t)
+    # (a deeper ring also lets each stage work on more row-blocks at once: its own stage times)
     e4 = pipeline(r, H100, PipelineChoice(MLP_STAGES, (80, 52), 128, (16,)))
-    assert e4.breakdown["makespan_s"] == pytest.approx(sum(t) + 0.56e-6 + 15 * max(t), rel=1e-9)
+    t4 = e4.breakdown["stage_tile_s"]
+    assert e4.breakdown["makespan_s"] == pytest.approx(sum(t4) + 0.56e-6 + 15 * max(t4), rel=1e-9)
+    assert max(t4) <= max(t) * (1 + 1e-12)
 
 
 # -- queue spill ---------------------------------------------------------------------------------
@@ -244,13 +253,16 @@ def test_stage_time_table_and_balance():
     works, _ = stage_works(r, H100, plan)
     for j, ws in enumerate(works):
         for s in (1, 17, 66, 132):
-            assert tab[j, s] == pytest.approx(sum(kernel_time(w, H100, s) for w in ws)
+            # each record covers w.inflight row-blocks worked on together: time per row-block
+            assert tab[j, s] == pytest.approx(sum(kernel_time(w, H100, s) / w.inflight for w in ws)
                                               + (len(ws) - 1) * 0.56e-6)
     assert np.all(np.diff(tab[:, 1:], axis=1) <= 1e-15)
     ch = balance_sms(r, H100, PipelineChoice(MLP_STAGES, (1, 1), 128))
     T, split = split_sms([tab[0], tab[1]], 132)
-    assert list(ch.sms) == split and sum(ch.sms) <= 132
-    assert max(tab[0, ch.sms[0]], tab[1, ch.sms[1]]) == pytest.approx(T)
+    # balance starts from split_sms's fewest SMs meeting the bottleneck, then hands out the rest
+    # where the closed-form makespan drops: never a slower bottleneck than that start
+    assert sum(split) <= sum(ch.sms) <= 132
+    assert max(tab[0, ch.sms[0]], tab[1, ch.sms[1]]) <= T * (1 + 1e-12)
 
 
 def test_pipeline_estimates_are_checked_and_consistent():

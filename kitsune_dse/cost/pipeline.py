@@ -170,16 +170,27 @@ def ring_bytes(plan: StagePlan) -> float:
                      for d, sb in zip(plan.choice.depths, plan.slot_bytes)))
 
 
+# The persistent runtime's CTA tile: BM = the row-block (64 or 128 rows), BN = 128 columns, the
+# whole K (split only along a split_k queue's slabs); its workers take the (row-block, tile)
+# items of a stage round-robin, so a stage works on as many row-blocks at once as its rings let in
+PIPE_TILE_COLS = 128
+
+
+def pipe_tile(tile_rows: int) -> tuple[int, int]:
+    return (64 if tile_rows <= 64 else 128, PIPE_TILE_COLS)
+
+
 def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
-               k_streamed: bool = False, row_blocks: int = 1) -> KernelWork:
-    """One hand-off unit of a stage's fused group. A GEMM fed slab by slab through a split_k
-    queue keeps every output tile of its row-block busy on each slab (tiles per row-block); any
-    other GEMM covers a 1/units share of its output tiles per unit, adding its own split-K when
-    that leaves too few tiles."""
+               k_streamed: bool = False, row_blocks: int = 1, inflight: int = 1,
+               tile_rows: int = 128) -> KernelWork:
+    """`inflight` hand-off units of a stage's fused group, processed together (the stage's
+    workers interleave the items of every row-block its rings admit). A GEMM fed slab by slab
+    through a split_k queue keeps every output tile of its row-block busy on each slab."""
     g = region.graph
     infos = [g.op(o).info for o in atom]
-    tensor = sum(i.flops for i in infos if i.unit == "tensor") / units
-    simt = sum(i.flops for i in infos if i.unit == "simt") / units
+    k = max(1, int(inflight))
+    tensor = sum(i.flops for i in infos if i.unit == "tensor") / units * k
+    simt = sum(i.flops for i in infos if i.unit == "simt") / units * k
     dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
     gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
     name = "+".join(atom)
@@ -187,17 +198,14 @@ def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
         o, gi = max(gemms, key=lambda x: x[1].flops)
         dtype = g.tensors[g.op(o).inputs[0]].dtype
         gd = gi.gemm
-
-        def make(tile, ks):
-            per = row_blocks if k_streamed else units
-            extra = split_k_partials_bytes(gd.batch, gd.m, gd.n, ks) / units
-            return KernelWork(name, dtype, tensor, simt, d_r / units, d_w / units, l2 / units + extra,
-                              max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * ks,
-                              1, tile, ks)
-        return best_gemm_tile(make, spec, sms, None if k_streamed else gd.k)[0]
+        tile = pipe_tile(tile_rows)
+        per = row_blocks if k_streamed else units
+        tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k
+        return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
+                          l2 / units * k, tiles, 2, tile, 1, k)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
-    return KernelWork(name, dtype, tensor, simt, d_r / units, d_w / units, l2 / units,
-                      max(1, math.ceil(moved / units / MEM_TILE_BYTES)), 1)
+    return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
+                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k)
 
 
 def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
@@ -222,6 +230,17 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     resident = _resident_weights(plan, max(0.0, left - min(intra_ws, left)))
     resident_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if N > 1 else 0.0
     intra_budget = max(0.0, left - resident_w)
+    # units a stage can work on at once: its input ring and its output ring bound how many
+    # row-blocks are available and writable (a lone stage sees the whole stream)
+    J = len(c.stages)
+    inflight = []
+    for j in range(J):
+        lim = units
+        if j > 0:
+            lim = min(lim, c.depths[j - 1] * slabs)
+        if j < J - 1:
+            lim = min(lim, c.depths[j] * slabs)
+        inflight.append(max(1, lim))
     out = []
     tot_r = tot_w = reread = spill = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
@@ -277,7 +296,8 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
             tot_r += d_r
             tot_w += d_w
             k_streamed = (k == 0 and j > 0 and plan.slabs > 1 and c.modes[j - 1] == "split_k")
-            works.append(_atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N))
+            works.append(_atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N,
+                                    inflight[j], c.tile_rows))
         out.append(works)
     return out, {"dram_read_bytes": tot_r, "dram_write_bytes": tot_w, "weight_reread_bytes": reread,
                  "queue_bytes": queue_bytes, "queue_spill_bytes": spill,
@@ -287,7 +307,8 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
 def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms):
     """One hand-off unit through a stage: its groups back to back, a barrier between them."""
     from kitsune_dse.cost.roofline import kernel_time
-    return sum(kernel_time(w, spec, sms) for w in works) + (len(works) - 1) * spec.sync_latency_s
+    return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
+            + (len(works) - 1) * spec.sync_latency_s)
 
 
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:

@@ -37,6 +37,7 @@ class KernelWork:
     ctas_per_sm: int = 1
     tile_shape: tuple[int, int] | None = None
     split_k: int = 1
+    inflight: int = 1              # hand-off units this record covers at once (pipeline stages)
 
     @property
     def dram_bytes(self) -> float:

@@ -94,7 +94,9 @@ def check_plan(plan: dict, where: str = "<plan>") -> None:
                 wq = f"{w}.queues[{j}]"
                 for k in ("producer", "consumer"):
                     _need(q, k, wq)
-                if not (q.get("tensors") or q.get("tensor")):
+                # an empty list is valid: neighbouring stages that share no tensor (two
+                # branches of the region placed side by side) still have a queue position
+                if "tensors" not in q and "tensor" not in q:
                     raise KitsuneError("missing required field 'tensors'", where=wq)
                 for k in ("producer", "consumer"):
                     if not isinstance(q[k], int) or not 0 <= q[k] < len(stages):
