@@ -319,6 +319,16 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
     harness, res = calibrated_spec(spec, raw_harness, stage_bandwidth=True)
     raw_cublas = {k: v for k, v in raw.items() if k != "tile_gemm_fp16"}
     cublas, _ = calibrated_spec(spec, raw_cublas)        # tensor_core and HBM of cuBLAS-class code
+    # a tiny standalone kernel: what it takes beyond its bytes at full bandwidth and the graph
+    # node gap is the per-kernel fixed cost (ramp-up, tail)
+    tiny = [r for r in raw.get("tile_rows", []) if str(r.get("kernel", "")).startswith("fixed cost")
+            and r.get("time_s")]
+    fixed_s = {}
+    for sp in (harness, cublas):
+        if tiny:
+            r = tiny[0]
+            fixed_s[sp.name] = max(0.0, r["time_s"] - r["bytes"] / sp.hbm_bandwidth_from(sp.sm_count)
+                                   - sp.graph_launch_overhead_s)
     l2 = l2_refit(raw, harness.efficiency.hbm_saturation_exponent)
     l2_orig = fit_saturating(raw["l2_read"])
     pipe_ew = fit_saturating(raw["pipe_ew_sms"]) if raw.get("pipe_ew_sms") else None
@@ -329,6 +339,8 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
                            (cublas, f"{base}-cublas.calibrated", "cuBLAS (CuPy @): use it for "
                             "predictions of the cublas variant")):
         data = sp.model_dump(mode="json")
+        if sp.name in fixed_s:
+            data["kernel_fixed_s"] = fixed_s[sp.name]
         data["name"] = name
         eff = dict(data["efficiency"])
         data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]

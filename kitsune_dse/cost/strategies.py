@@ -74,7 +74,7 @@ def bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Est
     """One kernel per op on all SMs."""
     choice = choice or LaunchChoice()
     works = kernel_works(region, bsp_groups(region), spec)
-    times = [kernel_time(w, spec, spec.sm_count) for w in works]
+    times = [kernel_time(w, spec, spec.sm_count) + spec.kernel_fixed_s for w in works]
     lat, over = launch_timeline(times, spec, choice.launch)
     return _estimate_from_kernels(works, times, lat, spec, region, strategy="bsp",
                                   launch=choice.launch, launch_s=over,
@@ -152,7 +152,7 @@ def fusion(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> 
     choice = choice or LaunchChoice()
     groups = fusion_groups(region)
     works = kernel_works(region, groups, spec)
-    times = [kernel_time(w, spec, spec.sm_count) for w in works]
+    times = [kernel_time(w, spec, spec.sm_count) + spec.kernel_fixed_s for w in works]
     lat, over = launch_timeline(times, spec, choice.launch)
     return _estimate_from_kernels(works, times, lat, spec, region, strategy="fusion",
                                   launch=choice.launch, launch_s=over,
@@ -188,7 +188,8 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
         region.graph.op(o).info.is_view for o in grp)]
     works = kernel_works(region, groups, spec)
     S = spec.sm_count
-    times = [kernel_time(w, spec, S) for w in works]
+    fixed = spec.kernel_fixed_s
+    times = [kernel_time(w, spec, S) + fixed for w in works]
     saved = []
     gap = spec.graph_launch_overhead_s
     total = gap if works else 0.0
@@ -199,10 +200,10 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
         variants = kernel_variants(region, groups[i], spec, w)
         if not last and _streams_from(region, groups[i], groups[i + 1]):
             cost = min(min(_fluid_time(v, spec, S) + spec.sync_latency_s,
-                           kernel_time(v, spec, S) + gap) for v in variants)
+                           kernel_time(v, spec, S) + gap) for v in variants) + fixed
             saved.append(t + gap - cost)
         else:
-            cost = min(kernel_time(v, spec, S) for v in variants) + (0.0 if last else gap)
+            cost = min(kernel_time(v, spec, S) for v in variants) + fixed + (0.0 if last else gap)
             if not last:
                 saved.append(-gap)
         total += cost
@@ -276,9 +277,11 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
             t, split = split_sms(tabs, S)
             dram = sum(w.dram_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))
-            serial = sum(kernel_time(w, spec, S) for w in ws) + (len(ws) - 1) * spec.graph_launch_overhead_s
+            serial = (sum(kernel_time(w, spec, S) for w in ws)
+                      + (len(ws) - 1) * (spec.graph_launch_overhead_s + spec.kernel_fixed_s))
             if serial <= t:     # sharing does not pay: run the level back to back
                 t, split = serial, [S] * len(ws)
+        t += spec.kernel_fixed_s        # the kernels of a level ramp up and drain together
         total += t + spec.graph_launch_overhead_s
         times.extend([t] * len(ws))
         shares.append({w.name: s for w, s in zip(ws, split)})

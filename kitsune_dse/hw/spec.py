@@ -111,6 +111,9 @@ class HwSpec(_Strict):
     graph_launch_overhead_s: Pos                # device gap per kernel node in a CUDA graph
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
+    kernel_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # per standalone kernel beyond its roofline and its
+                                                # launch gap: grid ramp-up and tail (calibrated)
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
