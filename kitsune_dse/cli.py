@@ -6,7 +6,6 @@ only with --debug.
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 from typing import Optional
 
 import typer

@@ -12,9 +12,8 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import numpy as np
 
-from kitsune_dse.cost.estimate import Estimate, sequential
+from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table)
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,

@@ -23,8 +23,7 @@ import numpy as np
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
-from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, best_gemm_tile, gemm_tiles,
-                                       split_k_partials_bytes)
+from kitsune_dse.cost.roofline import MEM_TILE_BYTES, KernelWork, gemm_tiles
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec

@@ -88,7 +88,6 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     """kernel_time for one SM count without NumPy overhead (the search calls it ~10^5 times);
     tests check it equals the vectorised form."""
     s = max(sms, 1.0)
-    cps = max(1, work.ctas_per_sm)
     tiles = max(1, work.tiles)
     per_tile = 0.0
     if work.tensor_flops:

@@ -8,7 +8,6 @@ from typing import Optional
 import typer
 from rich.table import Table
 
-from kitsune_dse.errors import KitsuneError
 
 
 def _fmt_b(b: float) -> str:

@@ -9,7 +9,6 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from kitsune_dse.report.io import atomic_write_text  # noqa: E402,F401
 from kitsune_dse.report.timeline import Timeline  # noqa: E402
 
 # ten strong colours first, then their light variants: neighbouring groups stay distinct
