@@ -317,6 +317,19 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
         raw_harness["persistent_launch_s"] = fixed[len(fixed) // 2]
     # harness: tensor_core from its tile GEMM, HBM curve from its own persistent stage
     harness, res = calibrated_spec(spec, raw_harness, stage_bandwidth=True)
+    # persistent GEMM steps: a fixed cost per output tile and the SM's rate, memory not overlapped
+    from kitsune_dse.calibrate.fit import fit_tile_gemm
+    gemm_rows = [r for r in raw.get("pipe_rows", []) if r.get("kind") == "matmul"
+                 and r.get("sms") == harness.sm_count and r.get("label") != "sweep" and r.get("time_s")]
+    tile_fit = fit_tile_gemm(gemm_rows, harness.sm_count, harness.hbm_bandwidth_from) if gemm_rows else None
+    if tile_fit and tile_fit["sm_rate_flop_per_s"] > 0:
+        d = harness.model_dump(mode="python")
+        d["gemm_tile_fixed_s"] = tile_fit["tile_fixed_s"]
+        d["efficiency"]["persistent_tensor_core"] = min(1.0, tile_fit["sm_rate_flop_per_s"] * harness.sm_count
+                                                        / spec.tensor_peak_flop_per_s["fp16"])
+        d["efficiency"]["mem_compute_overlap"] = 0.0
+        d["calibration"] = {**(d.get("calibration") or {}), "tile_gemm_fit": tile_fit}
+        harness = spec_from_dict(d, "harness")
     raw_cublas = {k: v for k, v in raw.items() if k != "tile_gemm_fp16"}
     cublas, _ = calibrated_spec(spec, raw_cublas)        # tensor_core and HBM of cuBLAS-class code
     # a tiny standalone kernel: what it takes beyond its bytes at full bandwidth and the graph

@@ -102,3 +102,27 @@ def check_finite(m: dict) -> None:
         for s, v in m[key]:
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"{key} at {s} SMs is {v}")
+
+
+def fit_tile_gemm(rows: list[dict], sms: int, hbm_Bps_from) -> dict:
+    """Fit one-stage persistent GEMMs (dims M, N, K; 128x128 tiles) to
+        time = ceil(tiles / sms) * (c0 + K * c1) + bytes / HBM(min(sms, tiles))
+    (compute and memory not overlapped) by non-negative least squares: c0 is the fixed cost of
+    one output tile on an SM, 2*128*128/c1 the SM's tensor rate."""
+    from scipy.optimize import nnls
+    A, y, kept = [], [], []
+    for r in rows:
+        m, n, k = r["dims"]
+        tiles = -(-m // 128) * -(-n // 128)
+        w = -(-tiles // sms)
+        mem = (m * k + k * n + m * n) * 2 / hbm_Bps_from(min(sms, tiles))
+        A.append([w, w * k])
+        y.append(r["time_s"] - mem)
+        kept.append((r, w, mem))
+    c, _ = nnls(np.array(A, float), np.array(y, float))
+    pred = np.array(A, float) @ c + np.array([m for _, _, m in kept])
+    meas = np.array([r["time_s"] for r, _, _ in kept])
+    rel = pred / meas - 1
+    return {"tile_fixed_s": float(c[0]), "sm_rate_flop_per_s": float(2 * 128 * 128 / c[1]) if c[1] else 0.0,
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
+            "points": len(kept)}

@@ -201,10 +201,10 @@ def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
         per = row_blocks if k_streamed else units
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
-                          l2 / units * k, tiles, 2, tile, 1, k)
+                          l2 / units * k, tiles, 2, tile, 1, k, True)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
-                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k)
+                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True)
 
 
 def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):

@@ -38,6 +38,7 @@ class KernelWork:
     tile_shape: tuple[int, int] | None = None
     split_k: int = 1
     inflight: int = 1              # hand-off units this record covers at once (pipeline stages)
+    persistent: bool = False       # a step of a persistent pipeline kernel (not a standalone kernel)
 
     @property
     def dram_bytes(self) -> float:
@@ -65,14 +66,16 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     per_sm = np.ceil(tiles / s)
     per_tile = 0.0
     if work.tensor_flops:
-        per_tile += work.tensor_flops / tiles / spec.tensor_rate_per_sm(work.dtype)
+        per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
+    per_tile += _tile_fixed(work, spec)
     compute = per_sm * per_tile
     used = np.minimum(s, tiles)
     dram = work.dram_bytes / spec.hbm_bandwidth_from(used) if work.dram_bytes else np.zeros_like(s)
     l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
-    lat = np.maximum(np.maximum(compute, dram), l2)
+    mem = np.maximum(dram, l2)
+    lat = np.maximum(compute, mem) + (1.0 - _overlap(work, spec)) * np.minimum(compute, mem)
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
     if parts:
@@ -91,20 +94,43 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     tiles = max(1, work.tiles)
     per_tile = 0.0
     if work.tensor_flops:
-        per_tile += work.tensor_flops / tiles / spec.tensor_rate_per_sm(work.dtype)
+        per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
-    lat = math.ceil(tiles / s) * per_tile
+    compute = math.ceil(tiles / s) * (per_tile + _tile_fixed(work, spec))
     used = max(min(s, tiles), 1e-9)
     e = spec.efficiency
     p = e.hbm_saturation_exponent
+    mem = 0.0
     if work.dram_bytes:
         bw = _smooth_min(used * spec.hbm_per_sm_bandwidth_Bps, spec.hbm_bandwidth_Bps * e.hbm, p)
-        lat = max(lat, work.dram_bytes / bw)
+        mem = work.dram_bytes / bw
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
-        lat = max(lat, work.l2_bytes / bw)
-    return lat
+        mem = max(mem, work.l2_bytes / bw)
+    return max(compute, mem) + (1.0 - _overlap(work, spec)) * min(compute, mem)
+
+
+# Calibrated on the persistent runtime's GEMM steps (one-stage pipelines of several shapes): their
+# own tensor rate, a fixed cost per output tile and how little memory and compute overlap there.
+# Standalone kernels keep the plain roofline with the standalone tile GEMM's efficiency.
+def _overlap(work: KernelWork, spec: HwSpec) -> float:
+    return spec.efficiency.mem_compute_overlap if work.persistent else 1.0
+
+
+def _tensor_rate(work: KernelWork, spec: HwSpec) -> float:
+    e = spec.efficiency
+    r = spec.tensor_rate_per_sm(work.dtype)
+    if work.persistent and e.persistent_tensor_core:
+        r *= e.persistent_tensor_core / e.tensor_core
+    return r
+
+
+def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
+    """A GEMM tile's fixed cost on its SM (prologue, epilogue, hand-offs), per 128x128 of area."""
+    if not (work.persistent and work.tensor_flops and work.tile_shape and spec.gemm_tile_fixed_s):
+        return 0.0
+    return spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
 
 
 def gemm_tiles(batch: int, m: int, n: int, tile: tuple[int, int]) -> int:

@@ -74,12 +74,17 @@ class Efficiency(_Strict):
     l2_usable_fraction: Frac = 0.75  # share of L2 that reliably keeps data between kernels / for queues
     hbm_saturation_exponent: Pos = 3.0  # p in B(s) = ((s*b_sm)^-p + B_max^-p)^(-1/p)
     small_gemm_k_ref: Annotated[float, Field(ge=0)] = 0.0  # K below which tile efficiency drops (0: off)
+    persistent_tensor_core: Frac | None = None  # persistent GEMM steps' own rate (None: tensor_core)
+    mem_compute_overlap: Annotated[float, Field(ge=0, le=1)] = 1.0  # persistent steps: share of the
+                                  # shorter of compute and memory hidden under the longer (1: ideal)
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
-                   "hbm_saturation_exponent", "small_gemm_k_ref"}
-_FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction"}
+                   "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
+                   "persistent_tensor_core"}
+_FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
+                    "persistent_tensor_core"}
 
 
 class Calibration(BaseModel):
@@ -111,6 +116,9 @@ class HwSpec(_Strict):
     graph_launch_overhead_s: Pos                # device gap per kernel node in a CUDA graph
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
+    gemm_tile_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # persistent GEMM steps: per 128x128 output tile on
+                                                # one SM (prologue, epilogue, hand-offs; calibrated)
     kernel_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # per standalone kernel beyond its roofline and its
                                                 # launch gap: grid ramp-up and tail (calibrated)
