@@ -365,13 +365,13 @@ def ncu(out: Path, budget_s: float) -> None:
     names = json.loads(order.read_text()) if order.exists() else []
     res = parse_ncu_csv(log.read_text()) if log.exists() else []
     print(f"ncu: {len(res)} ranges for {len(names)} recorded in {time.time() - t0:.0f} s")
+    write_csv(ncu_rows(names, res), out / "validation_ncu.csv")
+
+
+def ncu_rows(names: list, res: list) -> list[dict]:
+    """validation_ncu.csv rows: the recorded range order paired with ncu's parsed ranges."""
     rows = []
-    pred = {}
-    for w in manifest["workloads"]:
-        for p in w["plans"]:
-            pred[(w["name"], Path(p["file"]).stem)] = p
-    for n, r in zip(names, res):
-        wname, stem, region, variant, prd = n
+    for (wname, stem, region, variant, prd), r in zip(names, res):
         rows.append({"plan": f"{wname}/{stem}", "region": region, "variant": variant,
                      "predicted_dram_read_bytes": prd.get("dram_read_bytes", ""),
                      "predicted_dram_write_bytes": prd.get("dram_write_bytes", ""),
@@ -379,7 +379,7 @@ def ncu(out: Path, budget_s: float) -> None:
                      "measured_dram_write_bytes": r.get("dram__bytes_write.sum", float("nan")),
                      "correct": True, "command": "ncu --clock-control none --replay-mode range "
                                                  "--metrics dram__bytes_read.sum,dram__bytes_write.sum"})
-    write_csv(rows, out / "validation_ncu.csv")
+    return rows
 
 
 def ncu_child(targets_path: str, order_path: str) -> None:
