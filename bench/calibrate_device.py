@@ -304,7 +304,8 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
     """Here (pydantic): the two calibrated specs from one raw JSON."""
     import yaml
 
-    from kitsune_dse.calibrate.fit import calibrated_spec, check_finite, fit_saturating
+    from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_saturating,
+                                           fit_standalone_gemm)
     from kitsune_dse.hw import load_spec
     from kitsune_dse.hw.spec import spec_from_dict
     raw = json.loads(raw_path.read_text())
@@ -384,6 +385,22 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
                                         f"max {pipe_ew['max_Bps'] / 1e12:.3g} TB/s (exponent "
                                         f"{pipe_ew['exponent']:.3g}): used for the HBM curve of the "
                                         f"harness spec, not of the cublas spec")
+        # standalone GEMM kernels: rate, per-tile fixed cost, ramp and operand HBM ceiling fitted
+        # through the model itself to single-GEMM microbenchmarks of 15 shapes (the harness's
+        # tile offers 128x128, or 64x128 for skinny M; cuBLAS the default tile set)
+        key = "tile_time_s" if sp is harness else "cublas_time_s"
+        shapes = [{"m": r["m"], "n": r["n"], "k": r["k"], "time_s": r[key]}
+                  for r in raw.get("tile_gemm_shapes", []) if r.get(key)]
+        if sp is harness:
+            data["gemm_tile_shapes"] = [[128, 128], [64, 128]]
+        if shapes:
+            g = fit_standalone_gemm(spec_from_dict(data, name), shapes)
+            data["efficiency"]["tensor_core"] = g["tensor_core"]
+            data["efficiency"]["gemm_hbm"] = g["gemm_hbm"]
+            data["gemm_standalone_tile_fixed_s"] = g["tile_fixed_s"]
+            data["gemm_ramp_s"] = g["ramp_s"]
+            cal["standalone_gemm_fit"] = {k: v for k, v in g.items() if k != "spec"}
+            cal["tensor_core_flop_per_s"] = g["tensor_flop_per_s"]
         data["calibration"] = cal
         new = spec_from_dict(data, name)
         out[name] = new

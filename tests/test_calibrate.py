@@ -1,7 +1,6 @@
 """calibrate's fitting half (no GPU): recovers known parameters, writes a loadable spec."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -60,3 +59,30 @@ def test_calibrate_without_a_gpu_is_a_one_line_error(capsys, tmp_path):
     err = capsys.readouterr().err.strip().splitlines()
     assert rc == 2 and len(err) == 1 and ("GPU" in err[0] or "CuPy" in err[0])
     assert not (tmp_path / "spec.yaml").exists()
+
+
+def test_standalone_gemm_fit_recovers_the_constants_it_was_made_from():
+    from kitsune_dse.calibrate.fit import fit_standalone_gemm, standalone_gemm_time
+    base = load_spec("h100-sxm").model_copy(update={"gemm_tile_shapes": [(128, 128), (64, 128)]})
+    truth = base.model_copy(update={
+        "gemm_standalone_tile_fixed_s": 1.5e-6, "gemm_ramp_s": 4e-6,
+        "efficiency": base.efficiency.model_copy(update={"tensor_core": 0.4, "gemm_hbm": 0.7})})
+    shapes = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 6144, 12288), (64, 49152, 12288),
+              (262144, 256, 256), (16384, 3072, 768), (2048, 2048, 2048), (16384, 768, 3072)]
+    rows = [{"m": m, "n": n, "k": k, "time_s": standalone_gemm_time(truth, m, n, k)}
+            for m, n, k in shapes]
+    fit = fit_standalone_gemm(base, rows)
+    assert fit["rms_rel_error"] < 1e-3
+    assert fit["tensor_core"] == pytest.approx(0.4, rel=0.01)
+    assert fit["gemm_hbm"] == pytest.approx(0.7, rel=0.01)
+    assert fit["tile_fixed_s"] == pytest.approx(1.5e-6, rel=0.05)
+    assert fit["ramp_s"] == pytest.approx(4e-6, rel=0.1)
+
+
+def test_the_committed_harness_spec_carries_the_standalone_gemm_fit():
+    sp = load_spec("h100-sxm.calibrated")
+    fit = sp.calibration.standalone_gemm_fit
+    assert fit["points"] >= 10 and fit["rms_rel_error"] < 0.15
+    assert sp.gemm_tile_shapes == [(128, 128), (64, 128)]
+    assert sp.gemm_ramp_s == pytest.approx(fit["ramp_s"])
+    assert sp.efficiency.gemm_hbm == pytest.approx(fit["gemm_hbm"])

@@ -221,3 +221,26 @@ def test_a_gemm_that_fills_the_gpu_is_not_split_along_k():
     # 128x256 output tiles: 32 * 16 = 512 >= 132 SMs, so there is no reason to split K
     assert gemm_tiles(1, 4096, 4096, (128, 256)) == 512
     assert w.split_k == 1
+
+
+def test_standalone_gemm_ramp_tile_cost_and_operand_ceiling_by_hand():
+    from kitsune_dse.cost.roofline import kernel_time as kt
+    base = H100.model_copy(update={"gemm_standalone_tile_fixed_s": 2e-6, "gemm_ramp_s": 5e-6,
+                                   "kernel_fixed_s": 3e-6})
+    # 264 tiles of 128x128 on 132 SMs: 2 per SM, each 2 us fixed + its FLOPs at the SM's rate
+    flops = 264 * 2 * 128 * 128 * 1024
+    gemm = KernelWork("g", "fp16", tensor_flops=flops, tiles=264, tile_shape=(128, 128))
+    per_tile = 2 * 128 * 128 * 1024 / base.tensor_rate_per_sm("fp16")
+    assert kt(gemm, base, 132) == pytest.approx(2 * (2e-6 + per_tile) + 5e-6, rel=1e-12)
+    # split along K: a second kernel sums the partials (its fixed cost and a second ramp)
+    split = KernelWork("g", "fp16", tensor_flops=flops, tiles=264, tile_shape=(128, 128), split_k=2)
+    assert kt(split, base, 132) == pytest.approx(2 * (2e-6 + per_tile) + 2 * 5e-6 + 3e-6, rel=1e-12)
+    # a persistent step and an elementwise kernel pay no standalone ramp
+    ew = KernelWork("e", "fp16", dram_read_bytes=1e6, tiles=16)
+    assert kt(ew, base, 132) == pytest.approx(kt(ew, H100, 132), rel=1e-12)
+    # a GEMM's operand stream saturates at efficiency.gemm_hbm, not at efficiency.hbm
+    streaming = KernelWork("s", "fp16", tensor_flops=1e6, dram_read_bytes=1e9, tiles=264,
+                           tile_shape=(128, 128))
+    slow = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(update={"gemm_hbm": 0.5})})
+    assert kt(streaming, slow, 132) > kt(streaming, H100, 132) * 1.5
+    assert kt(streaming, slow, np.array([132.0]))[0] == pytest.approx(kt(streaming, slow, 132), rel=1e-12)

@@ -11,6 +11,7 @@ import math
 import numpy as np
 from scipy.optimize import least_squares
 
+from kitsune_dse.graph.ir import DTYPE_BYTES
 from kitsune_dse.hw.spec import HwSpec, spec_from_dict
 
 
@@ -126,3 +127,53 @@ def fit_tile_gemm(rows: list[dict], sms: int, hbm_Bps_from) -> dict:
     return {"tile_fixed_s": float(c[0]), "sm_rate_flop_per_s": float(2 * 128 * 128 / c[1]) if c[1] else 0.0,
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
             "points": len(kept)}
+
+
+def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp16") -> float:
+    """The model's time of one standalone GEMM kernel C[m,n] = A[m,k] B[k,n] (operands read and
+    the result written once), as a bsp kernel is priced: the roofline of the best CTA tile the
+    spec's GEMM library offers, plus the per-kernel fixed cost."""
+    from kitsune_dse.cost.roofline import KernelWork, best_gemm_tile, gemm_tiles, split_k_partials_bytes
+    nbytes = DTYPE_BYTES[dtype]
+
+    def make(tile, ks):
+        return KernelWork(name="gemm", dtype=dtype, tensor_flops=2.0 * m * n * k,
+                          dram_read_bytes=float((m * k + k * n) * nbytes),
+                          dram_write_bytes=float(m * n * nbytes),
+                          l2_bytes=split_k_partials_bytes(1, m, n, ks),
+                          tiles=gemm_tiles(1, m, n, tile) * ks, tile_shape=tile, split_k=ks)
+    return best_gemm_tile(make, spec, spec.sm_count, k)[1] + spec.kernel_fixed_s
+
+
+def fit_standalone_gemm(spec: HwSpec, rows: list[dict]) -> dict:
+    """Fit the standalone GEMM tile's constants to microbenchmarks of single GEMM kernels
+    (rows: m, n, k, time_s) through the model itself (standalone_gemm_time), by least squares on
+    the relative error: the tensor-core efficiency (its FLOP rate), a fixed cost per 128x128
+    output tile, a ramp per kernel, and the HBM ceiling of its operand stream (skinny GEMMs are
+    bound by it). Returns the constants, the fit's residuals and the spec that carries them."""
+    from scipy.optimize import least_squares
+    peak = spec.tensor_peak_flop_per_s["fp16"]
+    meas = np.array([r["time_s"] for r in rows], float)
+
+    def with_params(x):
+        eff, tile_us, ramp_us, hbm = (float(v) for v in x)
+        return spec.model_copy(update={
+            "gemm_standalone_tile_fixed_s": tile_us * 1e-6, "gemm_ramp_s": ramp_us * 1e-6,
+            "efficiency": spec.efficiency.model_copy(update={"tensor_core": eff, "gemm_hbm": hbm})})
+
+    def resid(x):
+        sp = with_params(x)
+        return np.array([standalone_gemm_time(sp, r["m"], r["n"], r["k"]) for r in rows]) / meas - 1
+    x0 = [spec.efficiency.tensor_core, 1.0, 1.0, spec.efficiency.hbm]
+    fit = least_squares(resid, x0, bounds=([0.05, 0.0, 0.0, 0.2], [1.0, 50.0, 100.0, 1.0]),
+                        diff_step=1e-3)
+    rel = resid(fit.x)
+    eff, tile_us, ramp_us, hbm = (float(v) for v in fit.x)
+    return {"tensor_core": eff, "tensor_flop_per_s": eff * peak,
+            "tile_fixed_s": tile_us * 1e-6, "ramp_s": ramp_us * 1e-6, "gemm_hbm": hbm,
+            "gemm_hbm_Bps": hbm * spec.hbm_bandwidth_Bps,
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
+            "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
+            "rel_error_by_shape": {f"{r['m']}x{r['n']}x{r['k']}": round(float(e), 3)
+                                   for r, e in zip(rows, rel)},
+            "spec": with_params(fit.x)}

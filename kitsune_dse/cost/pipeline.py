@@ -24,8 +24,10 @@ from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import MEM_TILE_BYTES, KernelWork, gemm_tiles
+from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape
+from kitsune_dse.cost.stage_sim import makespan as stage_makespan
 from kitsune_dse.errors import InfeasibleError
-from kitsune_dse.graph.ir import DepPattern, OpClass
+from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
 SPLIT_K_SLAB_COLS = 512
@@ -240,7 +242,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         if j < J - 1:
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
-    out = []
+    out, shapes = [], []
     tot_r = tot_w = reread = spill = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     for j, st in enumerate(c.stages):
@@ -295,19 +297,94 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
             tot_r += d_r
             tot_w += d_w
             k_streamed = (k == 0 and j > 0 and plan.slabs > 1 and c.modes[j - 1] == "split_k")
+            # a stage of several steps is timed worker by worker (stage_sim) on one unit's work
+            k_inf = inflight[j] if len(atoms) == 1 else 1
             works.append(_atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N,
-                                    inflight[j], c.tile_rows))
+                                    k_inf, c.tile_rows))
         out.append(works)
+        shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
     return out, {"dram_read_bytes": tot_r, "dram_write_bytes": tot_w, "weight_reread_bytes": reread,
                  "queue_bytes": queue_bytes, "queue_spill_bytes": spill,
-                 "weights_resident": resident}
+                 "weights_resident": resident, "stage_shapes": shapes}
 
 
-def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms):
-    """One hand-off unit through a stage: its groups back to back, a barrier between them."""
+# The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
+# dual-B GEMM: 64, the same count as its two products' 128-column tiles), an elementwise chunk of
+# 128 columns, a row op's rows of 8 // (warps per row) per item (rows of <= MAX_VPL 16-byte
+# vectors per thread are held in registers)
+ROW_VPL_MAX = 8
+INTRA_RING_BYTES = 8 * 2**20
+
+
+def _row_items(bm: int, cols: int) -> int:
+    for wpr in (1, 2, 4, 8):
+        if -(-cols // (wpr * 256)) <= ROW_VPL_MAX:
+            return -(-bm // (8 // wpr))
+    return bm
+
+
+def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) -> StageShape:
+    g = region.graph
+    c = plan.choice
+    bm = pipe_tile(c.tile_rows)[0]
+    rb_per_unit = max(1, c.tile_rows // bm)
+    rbs = max(1, math.ceil(plan.stream_rows / bm))
+    items, slots = [], []
+    for atom in atoms:
+        infos = [g.op(o).info for o in atom]
+        out = g.tensors[g.op(atom[-1]).outputs[0]]
+        cols = out.shape[-1] if out.shape else 1
+        gemms = [i.gemm for i in infos if i.gemm is not None]
+        if gemms:
+            n = sum(math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, (bm, PIPE_TILE_COLS)) / rbs)
+                    for gd in gemms)
+        elif any(i.op_class is OpClass.ROW_REDUCTION for i in infos):
+            n = _row_items(bm, cols)
+        else:
+            n = math.ceil(cols / PIPE_TILE_COLS)
+        items.append(max(1, n))
+        slot_bytes = bm * cols * DTYPE_BYTES[out.dtype]
+        slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
+    look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
+    return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit)
+
+
+def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None = None):
+    """One hand-off unit through a stage (scalar or array of SM counts). One step: its work on
+    the units its rings admit at once. Several steps (`shape`): the worker-by-worker schedule of
+    all the stage's row-blocks (stage_sim), per unit."""
     from kitsune_dse.cost.roofline import kernel_time
-    return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
-            + (len(works) - 1) * spec.sync_latency_s)
+    if shape is None or len(works) == 1:
+        return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
+                + (len(works) - 1) * spec.sync_latency_s)
+    s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
+    # the schedule is replayed at a fixed grid of SM counts (every SM_GRID_STEP and the chip's
+    # total) and interpolated log-log in between, so a table and a single SM count agree
+    grid = sim_grid(spec.sm_count)
+    tau = []
+    for w, n in zip(works, shape.items):
+        # one runtime row-block of the step on the stage's SMs: rounds of one item per SM; a
+        # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM
+        rb = w.scaled(1.0 / shape.rb_per_unit, tiles=n)
+        tau.append(TEAMS_PER_SM * kernel_time(rb, spec, grid) / np.ceil(n / grid))
+    span = stage_makespan(shape, np.vstack(tau), TEAMS_PER_SM * grid.astype(np.int64),
+                          spec.sync_latency_s)
+    span = np.exp(np.interp(np.log(np.minimum(s, grid[-1])), np.log(grid), np.log(span)))
+    units = shape.row_blocks / shape.rb_per_unit
+    # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
+    # bandwidth of all the row-blocks in flight)
+    U = max(1, round(units))
+    bound = sum(kernel_time(w.scaled(U, tiles=w.tiles * U), spec, s) for w in works) / U
+    out = np.maximum(span / max(units, 1e-9), bound)
+    return out if np.ndim(sms) else float(out[0])
+
+
+SM_GRID_STEP = 8
+
+
+def sim_grid(sm_count: int) -> np.ndarray:
+    pts = {1, 2, 4, sm_count} | set(range(SM_GRID_STEP, sm_count + 1, SM_GRID_STEP))
+    return np.array(sorted(p for p in pts if p <= sm_count), dtype=float)
 
 
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
@@ -315,7 +392,8 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     c = plan.choice
     works, totals = stage_works(region, spec, plan)
     units = plan.row_blocks * plan.slabs
-    t = np.array([stage_unit_time(w, spec, s) for w, s in zip(works, c.sms)])
+    t = np.array([stage_unit_time(w, spec, s, sh)
+                  for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
     sim = simulate(np.repeat(t[:, None], units, axis=1), [d * plan.slabs for d in c.depths],
                    spec.sync_latency_s)
     used = sum(c.sms)
@@ -353,11 +431,11 @@ def stage_time_table(region: Region, spec: HwSpec, plan: StagePlan) -> np.ndarra
     the SM count of the plan's choice is ignored. Used by the search to balance stages."""
     S = spec.sm_count
     axis = np.arange(1, S + 1)
-    works, _ = stage_works(region, spec, plan)
+    works, totals = stage_works(region, spec, plan)
     rows = []
-    for w in works:
+    for w, sh in zip(works, totals["stage_shapes"]):
         tab = np.empty(S + 1)
         tab[0] = np.inf
-        tab[1:] = stage_unit_time(w, spec, axis)
+        tab[1:] = stage_unit_time(w, spec, axis, sh)
         rows.append(tab)
     return np.vstack(rows)

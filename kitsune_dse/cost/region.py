@@ -19,8 +19,8 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
-from kitsune_dse.cost.roofline import (GEMM_TILES, MEM_TILE_BYTES, SPLIT_K, KernelWork,
-                                       best_gemm_tile, gemm_tiles, split_k_partials_bytes)
+from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
+                                       gemm_tile_options, gemm_tiles, split_k_partials_bytes)
 from kitsune_dse.graph.ir import Graph, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
@@ -242,7 +242,7 @@ def kernel_variants(region: Region, group: tuple[str, ...], spec: HwSpec, work: 
     gd = max(gemms, key=lambda i: i.flops).gemm
     base_l2 = work.l2_bytes - split_k_partials_bytes(gd.batch, gd.m, gd.n, work.split_k)
     out = []
-    for tile in GEMM_TILES:
+    for tile in gemm_tile_options(spec):
         for ks in SPLIT_K:
             if ks > 1 and gd.k // ks < 256:
                 break

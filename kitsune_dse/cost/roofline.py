@@ -72,10 +72,12 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     per_tile += _tile_fixed(work, spec)
     compute = per_sm * per_tile
     used = np.minimum(s, tiles)
-    dram = work.dram_bytes / spec.hbm_bandwidth_from(used) if work.dram_bytes else np.zeros_like(s)
+    dram = (work.dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec))
+            if work.dram_bytes else np.zeros_like(s))
     l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
     mem = np.maximum(dram, l2)
-    lat = np.maximum(compute, mem) + (1.0 - _overlap(work, spec)) * np.minimum(compute, mem)
+    lat = (np.maximum(compute, mem) + (1.0 - _overlap(work, spec)) * np.minimum(compute, mem)
+           + _ramp(work, spec))
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
     if parts:
@@ -103,12 +105,14 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     p = e.hbm_saturation_exponent
     mem = 0.0
     if work.dram_bytes:
-        bw = _smooth_min(used * spec.hbm_per_sm_bandwidth_Bps, spec.hbm_bandwidth_Bps * e.hbm, p)
+        cap = _hbm_ceiling(work, spec) or e.hbm
+        bw = _smooth_min(used * spec.hbm_per_sm_bandwidth_Bps, spec.hbm_bandwidth_Bps * cap, p)
         mem = work.dram_bytes / bw
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         mem = max(mem, work.l2_bytes / bw)
-    return max(compute, mem) + (1.0 - _overlap(work, spec)) * min(compute, mem)
+    return (max(compute, mem) + (1.0 - _overlap(work, spec)) * min(compute, mem)
+            + _ramp(work, spec))
 
 
 # Calibrated on the persistent runtime's GEMM steps (one-stage pipelines of several shapes): their
@@ -126,11 +130,38 @@ def _tensor_rate(work: KernelWork, spec: HwSpec) -> float:
     return r
 
 
+def _is_gemm(work: KernelWork) -> bool:
+    return bool(work.tensor_flops and work.tile_shape)
+
+
 def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
-    """A GEMM tile's fixed cost on its SM (prologue, epilogue, hand-offs), per 128x128 of area."""
-    if not (work.persistent and work.tensor_flops and work.tile_shape and spec.gemm_tile_fixed_s):
+    """A GEMM tile's fixed cost on its SM (prologue, epilogue, hand-offs), per 128x128 of area;
+    persistent steps and standalone kernels are calibrated apart (a standalone kernel's two
+    CTAs per SM hide much of it under each other's main loop)."""
+    if not _is_gemm(work):
         return 0.0
-    return spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+    fixed = spec.gemm_tile_fixed_s if work.persistent else spec.gemm_standalone_tile_fixed_s
+    return fixed * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+
+
+def _ramp(work: KernelWork, spec: HwSpec) -> float:
+    """A standalone GEMM kernel's first prologue and last epilogue, which no other tile hides;
+    split along K, a second kernel sums the partials (its own fixed cost and ramp)."""
+    if not _is_gemm(work) or work.persistent:
+        return 0.0
+    if work.split_k > 1:
+        return 2.0 * spec.gemm_ramp_s + spec.kernel_fixed_s
+    return spec.gemm_ramp_s
+
+
+def _hbm_ceiling(work: KernelWork, spec: HwSpec) -> float | None:
+    """A standalone GEMM streams its operands at its own calibrated ceiling (cp.async tile loads
+    of two CTAs per SM), not at a streaming kernel's."""
+    return spec.efficiency.gemm_hbm if (_is_gemm(work) and not work.persistent) else None
+
+
+def gemm_tile_options(spec: HwSpec) -> tuple[tuple[int, int], ...]:
+    return tuple(tuple(t) for t in spec.gemm_tile_shapes) if spec.gemm_tile_shapes else GEMM_TILES
 
 
 def gemm_tiles(batch: int, m: int, n: int, tile: tuple[int, int]) -> int:
@@ -145,7 +176,7 @@ def best_gemm_tile(work_for_tile, spec: HwSpec, sms, k: int | None = None) -> tu
     SMs) with the lowest latency on `sms` SMs, as a GEMM library's heuristic would;
     `work_for_tile(tile, split_k) -> KernelWork`. Ties go to the larger tile, then no split."""
     best = None
-    for tile in GEMM_TILES:
+    for tile in gemm_tile_options(spec):
         for ks in SPLIT_K:
             if ks > 1 and (k is None or k // ks < 256):
                 break

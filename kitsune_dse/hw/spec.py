@@ -77,14 +77,16 @@ class Efficiency(_Strict):
     persistent_tensor_core: Frac | None = None  # persistent GEMM steps' own rate (None: tensor_core)
     mem_compute_overlap: Annotated[float, Field(ge=0, le=1)] = 1.0  # persistent steps: share of the
                                   # shorter of compute and memory hidden under the longer (1: ideal)
+    gemm_hbm: Frac | None = None  # standalone GEMM kernels' operand streaming over datasheet HBM
+                                  # bandwidth (None: hbm; the tile's loads may not saturate DRAM)
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "persistent_tensor_core"}
+                   "persistent_tensor_core", "gemm_hbm"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
-                    "persistent_tensor_core"}
+                    "persistent_tensor_core", "gemm_hbm"}
 
 
 class Calibration(BaseModel):
@@ -122,6 +124,15 @@ class HwSpec(_Strict):
     kernel_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # per standalone kernel beyond its roofline and its
                                                 # launch gap: grid ramp-up and tail (calibrated)
+    gemm_standalone_tile_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # standalone GEMM kernels: per 128x128 output tile
+                                                # on one SM beyond its FLOPs (calibrated)
+    gemm_ramp_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # standalone GEMM kernels: the first tile's prologue
+                                                # and the last one's epilogue (calibrated)
+    gemm_tile_shapes: list[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] | None = None
+                                                # CTA tiles (rows, cols) the GEMM library offers
+                                                # (None: cost.roofline.GEMM_TILES)
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
@@ -153,13 +164,14 @@ class HwSpec(_Strict):
         rate = r.get(dtype) or r.get("fp32") or next(iter(r.values()))
         return rate * self.efficiency.simt / self.sm_count
 
-    def hbm_bandwidth_from(self, sms):
+    def hbm_bandwidth_from(self, sms, ceiling: float | None = None):
         """HBM bandwidth reachable from `sms` SMs: linear at first, saturating at the chip's
-        achievable maximum (a smooth minimum of the two, fitted to H100 measurements)."""
+        achievable maximum (a smooth minimum of the two, fitted to H100 measurements);
+        `ceiling` replaces efficiency.hbm as the saturated fraction (a GEMM's operand stream)."""
         import numpy as np
         s = np.asarray(sms, dtype=float)
         p = self.efficiency.hbm_saturation_exponent
-        bmax = self.hbm_bandwidth_Bps * self.efficiency.hbm
+        bmax = self.hbm_bandwidth_Bps * (ceiling or self.efficiency.hbm)
         lin = np.maximum(s, 1e-9) * self.hbm_per_sm_bandwidth_Bps
         out = (lin ** -p + bmax ** -p) ** (-1.0 / p)
         return out if out.ndim else float(out)

@@ -299,8 +299,8 @@ def table_and_totals(region: Region, spec: HwSpec, plan) -> tuple[np.ndarray, di
     works, totals = stage_works(region, spec, plan)
     tab = np.empty((len(works), S + 1))
     tab[:, 0] = np.inf
-    for j, w in enumerate(works):
-        tab[j, 1:] = stage_unit_time(w, spec, axis)
+    for j, (w, sh) in enumerate(zip(works, totals["stage_shapes"])):
+        tab[j, 1:] = stage_unit_time(w, spec, axis, sh)
     return tab, totals
 
 
