@@ -76,3 +76,12 @@ def test_stage_tables_agree_with_the_estimate_at_every_sm_count():
     for s in (1, 3, 8, 13, 64, 100, 132):
         assert tab[0][s] == pytest.approx(stage_unit_time(works[0], sp, s, tot["stage_shapes"][0]),
                                           rel=1e-12)
+
+
+def test_the_models_runtime_constants_equal_the_runtimes():
+    # the harness keeps its own copies (it must import without pydantic on the GPU machine)
+    from kitsune_dse.cost import pipeline as model
+    from kitsune_dse.validate import lower as runtime
+    assert model.ROW_VPL_MAX == runtime.MAX_VPL
+    assert model.INTRA_RING_BYTES == runtime.INTRA_RING_BYTES
+    assert model.TEAMS_PER_SM == runtime.TEAMS

@@ -311,9 +311,10 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
 # The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
 # dual-B GEMM: 64, the same count as its two products' 128-column tiles), an elementwise chunk of
 # 128 columns, a row op's rows of 8 // (warps per row) per item (rows of <= MAX_VPL 16-byte
-# vectors per thread are held in registers)
+# vectors per thread are held in registers). validate/lower.py keeps its own copies (MAX_VPL,
+# INTRA_RING_BYTES): the GPU harness imports no pydantic-backed module; a test checks they agree
 ROW_VPL_MAX = 8
-INTRA_RING_BYTES = 8 * 2**20
+INTRA_RING_BYTES = 8 * 2**20      # cap of a ring between two steps of one stage (no plan queue)
 
 
 def _row_items(bm: int, cols: int) -> int:
