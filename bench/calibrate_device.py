@@ -80,6 +80,27 @@ PIPE_DIAG = [
     ("gemm K sweep", "matmul", (16384, 1024, 4096), 132, True),
     ("gemm one column tile (pv-like)", "matmul", (65536, 128, 1024), 132, True),
     ("gemm nerf layer", "matmul", (262144, 256, 256), 132, True),
+    # single GEMMs of the suite's shapes as one-stage kernels: weights streamed once (64 rows),
+    # weights beyond L2 streamed again for every few row-blocks, and on a half-chip SM share
+    ("gemm weight stream", "matmul", (64, 49152, 12288), 132, True),
+    ("gemm weight stream", "matmul", (64, 49152, 12288), 66, True),
+    ("gemm weight stream", "matmul", (64, 12288, 49152), 132, True),
+    ("gemm weights beyond L2", "matmul", (2048, 6144, 12288), 132, True),
+    ("gemm weights beyond L2", "matmul", (2048, 6144, 12288), 66, True),
+    ("gemm weights beyond L2", "matmul", (2048, 12288, 6144), 44, True),
+    ("gemm weights beyond L2", "matmul", (2048, 11008, 4096), 132, True),
+    ("gemm weights beyond L2", "matmul", (2048, 4096, 11008), 88, True),
+    ("gemm suite shape", "matmul", (16384, 3072, 768), 132, True),
+    ("gemm suite shape", "matmul", (16384, 768, 3072), 66, True),
+    ("gemm suite shape", "matmul", (2048, 1024, 1024), 132, True),
+    # row ops (two passes over each row by a team's warps) as one-stage kernels
+    ("row op", "layernorm", (4096, 4096), 4, True),
+    ("row op", "layernorm", (4096, 4096), 16, True),
+    ("row op", "layernorm", (4096, 4096), 66, True),
+    ("row op", "layernorm", (4096, 4096), 132, True),
+    ("row op", "softmax", (8192, 4096), 8, True),
+    ("row op", "softmax", (8192, 4096), 68, True),
+    ("row op", "softmax", (8192, 4096), 132, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
@@ -304,8 +325,8 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
     """Here (pydantic): the two calibrated specs from one raw JSON."""
     import yaml
 
-    from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_saturating,
-                                           fit_standalone_gemm)
+    from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_persistent_gemm,
+                                           fit_persistent_rows, fit_saturating, fit_standalone_gemm)
     from kitsune_dse.hw import load_spec
     from kitsune_dse.hw.spec import spec_from_dict
     raw = json.loads(raw_path.read_text())
@@ -318,19 +339,6 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
         raw_harness["persistent_launch_s"] = fixed[len(fixed) // 2]
     # harness: tensor_core from its tile GEMM, HBM curve from its own persistent stage
     harness, res = calibrated_spec(spec, raw_harness, stage_bandwidth=True)
-    # persistent GEMM steps: a fixed cost per output tile and the SM's rate, memory not overlapped
-    from kitsune_dse.calibrate.fit import fit_tile_gemm
-    gemm_rows = [r for r in raw.get("pipe_rows", []) if r.get("kind") == "matmul"
-                 and r.get("sms") == harness.sm_count and r.get("label") != "sweep" and r.get("time_s")]
-    tile_fit = fit_tile_gemm(gemm_rows, harness.sm_count, harness.hbm_bandwidth_from) if gemm_rows else None
-    if tile_fit and tile_fit["sm_rate_flop_per_s"] > 0:
-        d = harness.model_dump(mode="python")
-        d["gemm_tile_fixed_s"] = tile_fit["tile_fixed_s"]
-        d["efficiency"]["persistent_tensor_core"] = min(1.0, tile_fit["sm_rate_flop_per_s"] * harness.sm_count
-                                                        / spec.tensor_peak_flop_per_s["fp16"])
-        d["efficiency"]["mem_compute_overlap"] = 0.0
-        d["calibration"] = {**(d.get("calibration") or {}), "tile_gemm_fit": tile_fit}
-        harness = spec_from_dict(d, "harness")
     raw_cublas = {k: v for k, v in raw.items() if k != "tile_gemm_fp16"}
     cublas, _ = calibrated_spec(spec, raw_cublas)        # tensor_core and HBM of cuBLAS-class code
     # a tiny standalone kernel: what it takes beyond its bytes at full bandwidth and the graph
@@ -401,6 +409,23 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
             data["gemm_ramp_s"] = g["ramp_s"]
             cal["standalone_gemm_fit"] = {k: v for k, v in g.items() if k != "spec"}
             cal["tensor_core_flop_per_s"] = g["tensor_flop_per_s"]
+        # persistent GEMM steps: their rate, a fixed cost per output tile and the operand bytes
+        # one SM streams per second and the part of it hidden under the math, fitted through the pipeline model
+        # on every one-stage GEMM microbenchmark (SM sweep and shape diagnostics)
+        gemm_rows = [r for r in raw.get("pipe_rows", []) if r.get("kind") == "matmul" and r.get("time_s")]
+        if sp is harness and gemm_rows:
+            pf = fit_persistent_gemm(spec_from_dict(data, name), gemm_rows)
+            data["gemm_tile_fixed_s"] = pf["tile_fixed_s"]
+            data["persistent_gemm_sm_stream_Bps"] = pf["sm_stream_Bps"]
+            data["efficiency"]["persistent_tensor_core"] = pf["persistent_tensor_core"]
+            data["efficiency"]["mem_compute_overlap"] = pf["mem_compute_overlap"]
+            data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
+            cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
+        row_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "row op" and r.get("time_s")]
+        if sp is harness and row_rows:
+            rf = fit_persistent_rows(spec_from_dict(data, name), row_rows)
+            data["persistent_row_sm_stream_Bps"] = rf["sm_stream_Bps"]
+            cal["row_op_fit"] = rf
         data["calibration"] = cal
         new = spec_from_dict(data, name)
         out[name] = new

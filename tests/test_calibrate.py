@@ -86,3 +86,30 @@ def test_the_committed_harness_spec_carries_the_standalone_gemm_fit():
     assert sp.gemm_tile_shapes == [(128, 128), (64, 128)]
     assert sp.gemm_ramp_s == pytest.approx(fit["ramp_s"])
     assert sp.efficiency.gemm_hbm == pytest.approx(fit["gemm_hbm"])
+
+
+def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():
+    from kitsune_dse.calibrate.fit import fit_persistent_gemm, persistent_gemm_time
+    base = load_spec("h100-sxm")
+    truth = base.model_copy(update={
+        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9,
+        "efficiency": base.efficiency.model_copy(update={
+            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7})})
+    cases = [((4096, 4096, 4096), s) for s in (8, 33, 66, 132)] + [
+        ((16384, 1024, 256), 132), ((65536, 128, 1024), 132), ((64, 49152, 12288), 132),
+        ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132)]
+    rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s)} for d, s in cases]
+    fit = fit_persistent_gemm(base, rows)
+    assert fit["rms_rel_error"] < 2e-3
+    assert fit["persistent_tensor_core"] == pytest.approx(0.4, rel=0.02)
+    assert fit["tile_fixed_s"] == pytest.approx(3e-6, rel=0.1)
+    assert fit["persistent_gemm_hbm"] == pytest.approx(0.7, rel=0.05)
+
+
+def test_the_committed_harness_spec_carries_the_persistent_gemm_fit():
+    sp = load_spec("h100-sxm.calibrated")
+    fit = sp.calibration.tile_gemm_fit
+    assert fit["points"] >= 20 and fit["rms_rel_error"] < 0.15
+    assert sp.gemm_tile_fixed_s == pytest.approx(fit["tile_fixed_s"])
+    assert sp.persistent_gemm_sm_stream_Bps == pytest.approx(fit["sm_stream_Bps"])
+    assert sp.efficiency.persistent_gemm_hbm == pytest.approx(fit["persistent_gemm_hbm"])

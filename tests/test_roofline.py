@@ -7,6 +7,7 @@ L2 B2(s) = ((s*80e9)^-3 + (7.4e12*0.95)^-3)^(-1/3), graph launch 0.8 us.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -244,3 +245,47 @@ def test_standalone_gemm_ramp_tile_cost_and_operand_ceiling_by_hand():
     slow = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(update={"gemm_hbm": 0.5})})
     assert kt(streaming, slow, 132) > kt(streaming, H100, 132) * 1.5
     assert kt(streaming, slow, np.array([132.0]))[0] == pytest.approx(kt(streaming, slow, 132), rel=1e-12)
+
+
+def test_persistent_gemm_step_by_hand():
+    """Two teams per SM, a tile fed slab by slab pays its fixed cost once, the operand stream
+    from the SMs the items keep busy, DRAM not hidden under the math (overlap 0)."""
+    sp = H100.model_copy(update={
+        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 20e9,
+        "efficiency": H100.efficiency.model_copy(update={"mem_compute_overlap": 0.0,
+                                                         "persistent_gemm_hbm": 0.8})})
+    rate = sp.tensor_rate_per_sm("fp16")
+    per_tile = 2 * 128 * 128 * 4096 / rate
+    step = KernelWork("p", "fp16", tensor_flops=1024 * 2 * 128 * 128 * 4096, tiles=1024,
+                      ctas_per_sm=2, tile_shape=(128, 128), persistent=True)
+    # 1024 items on 99 SMs x 2 teams: ceil(1024 / 198) = 6 per team, 12 tile times per SM
+    assert kernel_time(step, sp, 99) == pytest.approx(12 * (3e-6 + per_tile), rel=1e-12)
+    # the same tiles fed in 4 slabs each (a split_k queue): 4x the items, fixed cost once
+    slabs = KernelWork("p", "fp16", tensor_flops=step.tensor_flops, tiles=4096, ctas_per_sm=2,
+                       tile_shape=(128, 128), split_k=4, persistent=True)
+    assert kernel_time(slabs, sp, 99) == pytest.approx(
+        math.ceil(4096 / 198) * 2 * (3e-6 / 4 + per_tile / 4), rel=1e-12)
+    # 96 items keep 96 teams = 48 SMs streaming; the bytes come on top of the math
+    few = KernelWork("f", "fp16", tensor_flops=96 * 1e6, dram_read_bytes=1e9, tiles=96,
+                     ctas_per_sm=2, tile_shape=(128, 128), persistent=True)
+    bw = ((48 * 20e9) ** -H100.efficiency.hbm_saturation_exponent
+          + (0.8 * H100.hbm_bandwidth_Bps) ** -H100.efficiency.hbm_saturation_exponent) \
+        ** (-1 / H100.efficiency.hbm_saturation_exponent)
+    compute = 2 * (3e-6 + 1e6 / rate)
+    assert kernel_time(few, sp, 132) == pytest.approx(compute + 1e9 / bw, rel=1e-12)
+    assert kernel_time(few, sp, np.array([132.0]))[0] == pytest.approx(kernel_time(few, sp, 132), rel=1e-12)
+
+
+def test_weights_beyond_l2_stream_once_per_row_blocks_held_at_once():
+    from kitsune_dse.cost.roofline import weight_reread_bytes
+    w = KernelWork("w", "fp16", tensor_flops=1.0, tiles=48 * 16, ctas_per_sm=2, tile_shape=(128, 128),
+                   persistent=True, weight_pass_bytes=100.0, rbs=16, items_per_rb=48, rbs_at_once_max=16)
+    # 66 SMs: 132 teams hold 132 / 48 = 2.75 row-blocks, so 16 / 2.75 passes, one already counted
+    assert weight_reread_bytes(w, 66) == pytest.approx(100 * (16 / 2.75 - 1), rel=1e-12)
+    # a ring of 2 row-blocks caps what is held at once; one team never holds less than one
+    assert weight_reread_bytes(replace(w, rbs_at_once_max=2), 66) == pytest.approx(100 * 7, rel=1e-12)
+    assert weight_reread_bytes(w, 8) == pytest.approx(100 * 15, rel=1e-12)
+    # every row-block at once: one pass; more SMs never stream more
+    assert weight_reread_bytes(w, 400) == 0
+    s = np.arange(1, 133)
+    assert np.all(np.diff(weight_reread_bytes(w, s)) <= 0)

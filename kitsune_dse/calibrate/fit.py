@@ -105,28 +105,78 @@ def check_finite(m: dict) -> None:
                 raise ValueError(f"{key} at {s} SMs is {v}")
 
 
-def fit_tile_gemm(rows: list[dict], sms: int, hbm_Bps_from) -> dict:
-    """Fit one-stage persistent GEMMs (dims M, N, K; 128x128 tiles) to
-        time = ceil(tiles / sms) * (c0 + K * c1) + bytes / HBM(min(sms, tiles))
-    (compute and memory not overlapped) by non-negative least squares: c0 is the fixed cost of
-    one output tile on an SM, 2*128*128/c1 the SM's tensor rate."""
-    from scipy.optimize import nnls
-    A, y, kept = [], [], []
-    for r in rows:
-        m, n, k = r["dims"]
-        tiles = -(-m // 128) * -(-n // 128)
-        w = -(-tiles // sms)
-        mem = (m * k + k * n + m * n) * 2 / hbm_Bps_from(min(sms, tiles))
-        A.append([w, w * k])
-        y.append(r["time_s"] - mem)
-        kept.append((r, w, mem))
-    c, _ = nnls(np.array(A, float), np.array(y, float))
-    pred = np.array(A, float) @ c + np.array([m for _, _, m in kept])
-    meas = np.array([r["time_s"] for r, _, _ in kept])
-    rel = pred / meas - 1
-    return {"tile_fixed_s": float(c[0]), "sm_rate_flop_per_s": float(2 * 128 * 128 / c[1]) if c[1] else 0.0,
-            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
-            "points": len(kept)}
+def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16") -> float:
+    """The model's time of a one-stage persistent pipeline kernel of one GEMM C[m,n] = A[m,k]
+    B[k,n] on `sms` SMs (128-row blocks), as the explorer prices a pipeline stage."""
+    from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
+    from kitsune_dse.cost.region import Region
+    from kitsune_dse.validate.microbench import case_model
+    g, _ = case_model("matmul", dtype, (m, n, k))
+    return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), 128)).latency_s
+
+
+def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
+    """Fit the persistent runtime's GEMM step to one-stage pipeline microbenchmarks (rows: dims
+    (m, n, k), sms, time_s) through the model itself (persistent_gemm_time), by least squares on
+    the relative error: its tensor rate, a fixed cost per 128x128 output tile, and the DRAM bytes
+    per second one SM's tiles stream (cp.async loads of two teams, latency-bound far below what
+    a streaming kernel pulls), how much of that stream hides under the math and its ceiling
+    over datasheet HBM. Returns the constants, the residuals and the spec that carries them."""
+    peak = spec.tensor_peak_flop_per_s["fp16"]
+    meas = np.array([r["time_s"] for r in rows], float)
+
+    def with_params(x):
+        eff, tile_us, stream_GBps, overlap, hbm = (float(v) for v in x)
+        return spec.model_copy(update={
+            "gemm_tile_fixed_s": tile_us * 1e-6, "persistent_gemm_sm_stream_Bps": stream_GBps * 1e9,
+            "efficiency": spec.efficiency.model_copy(update={
+                "persistent_tensor_core": eff, "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm})})
+
+    def resid(x):
+        sp = with_params(x)
+        return np.array([persistent_gemm_time(sp, *r["dims"], r["sms"]) for r in rows]) / meas - 1
+    x0 = [spec.efficiency.tensor_core, 2.0, spec.hbm_per_sm_bandwidth_Bps / 1e9, 0.5, spec.efficiency.hbm]
+    fit = least_squares(resid, x0, bounds=([0.05, 0.0, 1.0, 0.0, 0.2], [1.0, 50.0, 500.0, 1.0, 1.0]),
+                        diff_step=1e-3)
+    rel = resid(fit.x)
+    eff, tile_us, stream_GBps, overlap, hbm = (float(v) for v in fit.x)
+    return {"persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
+            "tile_fixed_s": tile_us * 1e-6, "sm_stream_Bps": stream_GBps * 1e9,
+            "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
+            "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
+            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
+                                  for r, e in zip(rows, rel)},
+            "spec": with_params(fit.x)}
+
+
+def persistent_row_time(spec: HwSpec, kind: str, rows: int, cols: int, sms: int,
+                        dtype: str = "fp16") -> float:
+    """The model's time of a one-stage persistent kernel of one row op (softmax, layernorm...)
+    over [rows, cols] on `sms` SMs (128-row blocks)."""
+    from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
+    from kitsune_dse.cost.region import Region
+    from kitsune_dse.validate.microbench import case_model
+    g, _ = case_model(kind, dtype, (rows, cols))
+    return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), 128)).latency_s
+
+
+def fit_persistent_rows(spec: HwSpec, rows: list[dict]) -> dict:
+    """Fit the DRAM bytes per second one SM's persistent row-op step streams (rows: kind, dims
+    (rows, cols), sms, time_s) through the model (persistent_row_time), least squares on the
+    relative error."""
+    meas = np.array([r["time_s"] for r in rows], float)
+
+    def resid(x):
+        sp = spec.model_copy(update={"persistent_row_sm_stream_Bps": float(x[0]) * 1e9})
+        return np.array([persistent_row_time(sp, r["kind"], *r["dims"], r["sms"]) for r in rows]) / meas - 1
+    fit = least_squares(resid, [spec.hbm_per_sm_bandwidth_Bps / 1e9], bounds=([0.5], [1000.0]),
+                        diff_step=1e-3)
+    rel = resid(fit.x)
+    return {"sm_stream_Bps": float(fit.x[0]) * 1e9, "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
+            "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
+                                  for r, e in zip(rows, rel)}}
 
 
 def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp16") -> float:

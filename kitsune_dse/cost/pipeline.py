@@ -23,7 +23,7 @@ import numpy as np
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
-from kitsune_dse.cost.roofline import MEM_TILE_BYTES, KernelWork, gemm_tiles
+from kitsune_dse.cost.roofline import MEM_TILE_BYTES, KernelWork, gemm_tiles, weight_reread_bytes
 from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape
 from kitsune_dse.cost.stage_sim import makespan as stage_makespan
 from kitsune_dse.errors import InfeasibleError
@@ -122,6 +122,11 @@ def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePl
             if first.info.op_class is not OpClass.GEMM or first.inputs[0] not in queue_tensors[q]:
                 raise InfeasibleError(f"queue {q}: split_k needs stage {q + 1} to start with a GEMM "
                                       f"that reduces over the queued tensor")
+            src = g.producer(first.inputs[0])
+            if src is not None and g.op(src).info.op_class is OpClass.ROW_REDUCTION:
+                # the runtime cannot publish column slabs of rows it finishes whole
+                raise InfeasibleError(f"queue {q}: split_k needs column slabs, but {src!r} (stage "
+                                      f"{where[src]}) is a row op that finishes whole rows; use 'row'")
     first_out = g.tensors[g.op(c.stages[0][0]).outputs[0]]
     rows = max(1, first_out.rows if len(first_out.shape) > 1 else first_out.numel)
     N = math.ceil(rows / c.tile_rows)
@@ -153,15 +158,21 @@ def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePl
                      tuple(weights), tuple(ins), tuple(outs))
 
 
+def runtime_row_blocks(plan: StagePlan) -> int:
+    """Row-blocks the persistent runtime walks (a plan tile of R rows runs as R / bm of them)."""
+    return max(1, math.ceil(plan.stream_rows / pipe_tile(plan.choice.tile_rows)[0]))
+
+
 def _resident_weights(plan: StagePlan, budget: float) -> list[bool]:
     """Which stages keep their weights in L2 (smallest first, as long as they fit)."""
     left = budget
+    single = runtime_row_blocks(plan) == 1
     res = [False] * len(plan.stage_weights)
     for j in sorted(range(len(res)), key=lambda k: plan.stage_weights[k]):
         w = plan.stage_weights[j]
-        if plan.row_blocks == 1 or w <= left:
+        if single or w <= left:
             res[j] = True
-            left -= w if plan.row_blocks > 1 else 0.0
+            left -= 0.0 if single else w
     return res
 
 
@@ -183,7 +194,7 @@ def pipe_tile(tile_rows: int) -> tuple[int, int]:
 
 def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
                k_streamed: bool = False, row_blocks: int = 1, inflight: int = 1,
-               tile_rows: int = 128) -> KernelWork:
+               tile_rows: int = 128, slabs: int = 1, reread: dict | None = None) -> KernelWork:
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
     workers interleave the items of every row-block its rings admit). A GEMM fed slab by slab
     through a split_k queue keeps every output tile of its row-block busy on each slab."""
@@ -195,6 +206,7 @@ def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
     dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
     gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
     name = "+".join(atom)
+    rr = {} if not reread else {**reread, "weight_pass_bytes": reread["weight_pass_bytes"] / units * k}
     if gemms:
         o, gi = max(gemms, key=lambda x: x[1].flops)
         dtype = g.tensors[g.op(o).inputs[0]].dtype
@@ -203,10 +215,12 @@ def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
         per = row_blocks if k_streamed else units
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
-                          l2 / units * k, tiles, 2, tile, 1, k, True)
+                          l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True, **rr)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
+    row_op = any(i.op_class is OpClass.ROW_REDUCTION for i in infos)
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
-                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True)
+                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
+                      row_op=row_op, **rr)
 
 
 def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
@@ -224,9 +238,14 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
     # a stage's groups hand each unit's intermediates to each other through L2: reserve that
     # working set before pinning weights in what is left beside the queues
-    intra_ws = max((g.tensors[t].nbytes / units for st in c.stages for o in st
-                    for t in g.op(o).outputs
-                    if any(x in st for x in g.consumers(t))), default=0.0)
+    stage_atoms = []
+    for st in c.stages:
+        atoms = [a for a in fusion_groups(Region.of(g, st)) if not all(g.op(o).info.is_view for o in a)]
+        stage_atoms.append(atoms or [tuple(st)])
+    # (a tensor made and used inside one fused group never leaves the SM)
+    intra_ws = max((g.tensors[t].nbytes / units for st, atoms in zip(c.stages, stage_atoms)
+                    for a in atoms for o in a for t in g.op(o).outputs
+                    if any(x in st and x not in a for x in g.consumers(t))), default=0.0)
     left = max(0.0, budget - min(queue_bytes, budget))
     resident = _resident_weights(plan, max(0.0, left - min(intra_ws, left)))
     resident_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if N > 1 else 0.0
@@ -245,15 +264,19 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     out, shapes = [], []
     tot_r = tot_w = reread = spill = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
+    rbs = runtime_row_blocks(plan)
+    bm = pipe_tile(c.tile_rows)[0]
+    rb_per_unit = max(1, c.tile_rows // bm)
     for j, st in enumerate(c.stages):
-        reread += plan.stage_weights[j] * (0 if resident[j] else N - 1)
         sub = Region.of(g, st)
-        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
-        atoms = atoms or [tuple(st)]
+        atoms = stage_atoms[j]
+        # the stage's workers split over all its steps' items: row-blocks in flight at once
+        stage_items = sum(_atom_items(g, a, bm, rbs) for a in atoms)
+        at_once = float(min(rbs, max(1, inflight[j] // slabs) * rb_per_unit))
         works = []
         for k, atom in enumerate(atoms):
             aset = set(atom)
-            d_r = d_w = l2 = 0.0
+            d_r = d_w = l2 = w_pass = 0.0
             seen = set()
             for o in atom:
                 for t, b in g.op(o).info.read_bytes.items():
@@ -263,8 +286,11 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
                     p = g.producer(t)
                     if p is None or p not in region.op_set:       # region input or weight
                         if t in g.weights and g.op(o).info.patterns[t] is DepPattern.FULL:
-                            d_r += b * (1 if resident[j] else N)
-                            l2 += b * N if resident[j] and N > 1 else 0.0
+                            d_r += b                       # the first pass
+                            if resident[j]:
+                                l2 += b * N if N > 1 else 0.0
+                            else:                          # streamed again (weight_reread_bytes)
+                                w_pass += b
                         elif handed_over(region, spec, t) or t in inputs_read:
                             l2 += b
                         else:
@@ -299,8 +325,15 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
             k_streamed = (k == 0 and j > 0 and plan.slabs > 1 and c.modes[j - 1] == "split_k")
             # a stage of several steps is timed worker by worker (stage_sim) on one unit's work
             k_inf = inflight[j] if len(atoms) == 1 else 1
-            works.append(_atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N,
-                                    k_inf, c.tile_rows))
+            reread_info = {"weight_pass_bytes": w_pass, "rbs": rbs, "items_per_rb": stage_items,
+                           "rbs_at_once_max": at_once} if w_pass else None
+            work = _atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N,
+                              k_inf, c.tile_rows, slabs, reread_info)
+            if w_pass:
+                extra = float(weight_reread_bytes(work, sms[j])) * units / work.inflight
+                reread += extra
+                tot_r += extra
+            works.append(work)
         out.append(works)
         shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
     return out, {"dram_read_bytes": tot_r, "dram_write_bytes": tot_w, "weight_reread_bytes": reread,
@@ -324,6 +357,21 @@ def _row_items(bm: int, cols: int) -> int:
     return bm
 
 
+def _atom_items(g, atom, bm: int, rbs: int) -> int:
+    """The runtime's items per row-block of one fused group (validate/lower.py)."""
+    infos = [g.op(o).info for o in atom]
+    out = g.tensors[g.op(atom[-1]).outputs[0]]
+    cols = out.shape[-1] if out.shape else 1
+    gemms = [i.gemm for i in infos if i.gemm is not None]
+    if gemms:
+        n = sum(math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, (bm, PIPE_TILE_COLS)) / rbs) for gd in gemms)
+    elif any(i.op_class is OpClass.ROW_REDUCTION for i in infos):
+        n = _row_items(bm, cols)
+    else:
+        n = math.ceil(cols / PIPE_TILE_COLS)
+    return max(1, n)
+
+
 def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) -> StageShape:
     g = region.graph
     c = plan.choice
@@ -332,18 +380,9 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
     rbs = max(1, math.ceil(plan.stream_rows / bm))
     items, slots = [], []
     for atom in atoms:
-        infos = [g.op(o).info for o in atom]
         out = g.tensors[g.op(atom[-1]).outputs[0]]
         cols = out.shape[-1] if out.shape else 1
-        gemms = [i.gemm for i in infos if i.gemm is not None]
-        if gemms:
-            n = sum(math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, (bm, PIPE_TILE_COLS)) / rbs)
-                    for gd in gemms)
-        elif any(i.op_class is OpClass.ROW_REDUCTION for i in infos):
-            n = _row_items(bm, cols)
-        else:
-            n = math.ceil(cols / PIPE_TILE_COLS)
-        items.append(max(1, n))
+        items.append(_atom_items(g, atom, bm, rbs))
         slot_bytes = bm * cols * DTYPE_BYTES[out.dtype]
         slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
     look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
@@ -354,7 +393,7 @@ def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShap
     """One hand-off unit through a stage (scalar or array of SM counts). One step: its work on
     the units its rings admit at once. Several steps (`shape`): the worker-by-worker schedule of
     all the stage's row-blocks (stage_sim), per unit."""
-    from kitsune_dse.cost.roofline import kernel_time
+    from kitsune_dse.cost.roofline import busiest_sm_tiles, kernel_time
     if shape is None or len(works) == 1:
         return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
                 + (len(works) - 1) * spec.sync_latency_s)
@@ -367,7 +406,7 @@ def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShap
         # one runtime row-block of the step on the stage's SMs: rounds of one item per SM; a
         # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM
         rb = w.scaled(1.0 / shape.rb_per_unit, tiles=n)
-        tau.append(TEAMS_PER_SM * kernel_time(rb, spec, grid) / np.ceil(n / grid))
+        tau.append(TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid))
     span = stage_makespan(shape, np.vstack(tau), TEAMS_PER_SM * grid.astype(np.int64),
                           spec.sync_latency_s)
     span = np.exp(np.interp(np.log(np.minimum(s, grid[-1])), np.log(grid), np.log(span)))

@@ -39,6 +39,14 @@ class KernelWork:
     split_k: int = 1
     inflight: int = 1              # hand-off units this record covers at once (pipeline stages)
     persistent: bool = False       # a step of a persistent pipeline kernel (not a standalone kernel)
+    # weights too large for L2, streamed again for every few row-blocks (persistent steps): one
+    # pass (already in dram_read_bytes) over `rbs` runtime row-blocks of `items_per_rb` items;
+    # the workers (ctas_per_sm per SM) share a pass among the row-blocks they hold at once
+    row_op: bool = False           # reduces over rows (softmax, norms): a persistent step's own stream rate
+    weight_pass_bytes: float = 0.0
+    rbs: int = 1
+    items_per_rb: int = 1
+    rbs_at_once_max: float = 1.0
 
     @property
     def dram_bytes(self) -> float:
@@ -49,6 +57,7 @@ class KernelWork:
         return replace(self, tensor_flops=self.tensor_flops * f, simt_flops=self.simt_flops * f,
                        dram_read_bytes=self.dram_read_bytes * f,
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
+                       weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
 
 
@@ -61,9 +70,7 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     cps = max(1, work.ctas_per_sm)
     tiles = max(1, work.tiles)
     waves = np.ceil(tiles / (s * cps))
-    # the block scheduler spreads a grid over distinct SMs first; the busiest SM runs
-    # ceil(tiles / s) CTAs, sharing its rate among those resident at once
-    per_sm = np.ceil(tiles / s)
+    per_sm = busiest_sm_tiles(work, s)
     per_tile = 0.0
     if work.tensor_flops:
         per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
@@ -71,18 +78,65 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
     per_tile += _tile_fixed(work, spec)
     compute = per_sm * per_tile
-    used = np.minimum(s, tiles)
-    dram = (work.dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec))
+    used = _sms_streaming(work, s)
+    dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
+    dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
     l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
-    mem = np.maximum(dram, l2)
-    lat = (np.maximum(compute, mem) + (1.0 - _overlap(work, spec)) * np.minimum(compute, mem)
+    # a persistent step does not hide its DRAM stream under its math; its L2 reads are the
+    # tile loads its calibrated rate already includes, so they only bound it
+    ov = 1.0 - _overlap(work, spec)
+    lat = (np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2)
            + _ramp(work, spec))
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
     if parts:
         return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves}
     return lat
+
+
+def busiest_sm_tiles(work: KernelWork, s):
+    """Tiles the busiest SM runs. A standalone grid: the block scheduler spreads CTAs over
+    distinct SMs first, ceil(tiles / s). A persistent step: its items go round robin to
+    ctas_per_sm workers (teams) per SM, each running ceil(tiles / (s * teams)) of them at its
+    share of the SM (measured: 1024 tiles on 99 SMs take 12 tile times, not 11)."""
+    tiles = max(1, work.tiles)
+    if work.persistent:
+        cps = max(1, work.ctas_per_sm)
+        return np.ceil(tiles / (np.asarray(s, dtype=float) * cps)) * cps
+    return np.ceil(tiles / np.asarray(s, dtype=float))
+
+
+def weight_reread_bytes(work: KernelWork, s):
+    """DRAM bytes of a persistent step's weights read again beyond the first pass: the stage's
+    workers hold cps * s / items_per_rb row-blocks at once (at most rbs_at_once_max, what its
+    rings admit) and those share each fetch of a weight tile through L2, so the weights stream
+    rbs / that many times."""
+    if not work.weight_pass_bytes or work.rbs <= 1:
+        return np.zeros_like(np.asarray(s, dtype=float)) if np.ndim(s) else 0.0
+    at_once = np.clip(max(1, work.ctas_per_sm) * np.asarray(s, dtype=float) / max(1, work.items_per_rb),
+                      1.0, max(1.0, min(float(work.rbs), work.rbs_at_once_max)))
+    return work.weight_pass_bytes * (work.rbs / at_once - 1.0)
+
+
+def _sms_streaming(work: KernelWork, s):
+    """SMs whose loads are in flight: a standalone grid's min(s, tiles); a persistent step's
+    items fill at most tiles / ctas_per_sm SMs' worth of workers (96 tiles keep 96 of the 264
+    teams of 132 SMs busy: measured 1.39 TB/s against 2.16 with every team streaming)."""
+    tiles = max(1, work.tiles)
+    if work.persistent:
+        return np.minimum(np.asarray(s, dtype=float), tiles / max(1, work.ctas_per_sm))
+    return np.minimum(np.asarray(s, dtype=float), tiles)
+
+
+def _sm_stream(work: KernelWork, spec: HwSpec) -> float | None:
+    """A persistent GEMM or row-op step's DRAM stream per SM (calibrated apart: latency-bound
+    tile loads, and rows read twice by a team's warps, well below a streaming kernel's)."""
+    if not work.persistent:
+        return None
+    if _is_gemm(work):
+        return spec.persistent_gemm_sm_stream_Bps
+    return spec.persistent_row_sm_stream_Bps if work.row_op else None
 
 
 def _smooth_min(lin: float, bmax: float, p: float) -> float:
@@ -99,20 +153,21 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
-    compute = math.ceil(tiles / s) * (per_tile + _tile_fixed(work, spec))
-    used = max(min(s, tiles), 1e-9)
+    compute = float(busiest_sm_tiles(work, s)) * (per_tile + _tile_fixed(work, spec))
+    used = max(float(_sms_streaming(work, s)), 1e-9)
     e = spec.efficiency
     p = e.hbm_saturation_exponent
-    mem = 0.0
+    dram = l2 = 0.0
     if work.dram_bytes:
         cap = _hbm_ceiling(work, spec) or e.hbm
-        bw = _smooth_min(used * spec.hbm_per_sm_bandwidth_Bps, spec.hbm_bandwidth_Bps * cap, p)
-        mem = work.dram_bytes / bw
+        per_sm = _sm_stream(work, spec) or spec.hbm_per_sm_bandwidth_Bps
+        bw = _smooth_min(used * per_sm, spec.hbm_bandwidth_Bps * cap, p)
+        dram = (work.dram_bytes + float(weight_reread_bytes(work, s))) / bw
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
-        mem = max(mem, work.l2_bytes / bw)
-    return (max(compute, mem) + (1.0 - _overlap(work, spec)) * min(compute, mem)
-            + _ramp(work, spec))
+        l2 = work.l2_bytes / bw
+    ov = 1.0 - _overlap(work, spec)
+    return max(max(compute, dram) + ov * min(compute, dram), l2) + _ramp(work, spec)
 
 
 # Calibrated on the persistent runtime's GEMM steps (one-stage pipelines of several shapes): their
@@ -140,8 +195,9 @@ def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
     CTAs per SM hide much of it under each other's main loop)."""
     if not _is_gemm(work):
         return 0.0
-    fixed = spec.gemm_tile_fixed_s if work.persistent else spec.gemm_standalone_tile_fixed_s
-    return fixed * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+    if work.persistent:    # a tile fed slab by slab (split_k queue) pays it once over its slabs
+        return spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128) / max(1, work.split_k)
+    return spec.gemm_standalone_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
 
 
 def _ramp(work: KernelWork, spec: HwSpec) -> float:
@@ -155,9 +211,11 @@ def _ramp(work: KernelWork, spec: HwSpec) -> float:
 
 
 def _hbm_ceiling(work: KernelWork, spec: HwSpec) -> float | None:
-    """A standalone GEMM streams its operands at its own calibrated ceiling (cp.async tile loads
-    of two CTAs per SM), not at a streaming kernel's."""
-    return spec.efficiency.gemm_hbm if (_is_gemm(work) and not work.persistent) else None
+    """A GEMM streams its operands at its own calibrated ceiling (cp.async tile loads of two
+    CTAs or teams per SM), not at a streaming kernel's; standalone and persistent apart."""
+    if not _is_gemm(work):
+        return None
+    return spec.efficiency.persistent_gemm_hbm if work.persistent else spec.efficiency.gemm_hbm
 
 
 def gemm_tile_options(spec: HwSpec) -> tuple[tuple[int, int], ...]:

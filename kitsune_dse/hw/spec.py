@@ -79,14 +79,15 @@ class Efficiency(_Strict):
                                   # shorter of compute and memory hidden under the longer (1: ideal)
     gemm_hbm: Frac | None = None  # standalone GEMM kernels' operand streaming over datasheet HBM
                                   # bandwidth (None: hbm; the tile's loads may not saturate DRAM)
+    persistent_gemm_hbm: Frac | None = None  # the same for persistent GEMM steps (None: hbm)
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "persistent_tensor_core", "gemm_hbm"}
+                   "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
-                    "persistent_tensor_core", "gemm_hbm"}
+                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm"}
 
 
 class Calibration(BaseModel):
@@ -119,6 +120,11 @@ class HwSpec(_Strict):
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
     gemm_tile_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    persistent_gemm_sm_stream_Bps: Pos | None = None  # DRAM operand bytes one SM's persistent
+                                                # GEMM tiles stream per second (latency-bound
+                                                # cp.async loads; default hbm_per_sm_bandwidth_Bps)
+    persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
+                                                # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
                                                 # persistent GEMM steps: per 128x128 output tile on
                                                 # one SM (prologue, epilogue, hand-offs; calibrated)
     kernel_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
@@ -164,7 +170,7 @@ class HwSpec(_Strict):
         rate = r.get(dtype) or r.get("fp32") or next(iter(r.values()))
         return rate * self.efficiency.simt / self.sm_count
 
-    def hbm_bandwidth_from(self, sms, ceiling: float | None = None):
+    def hbm_bandwidth_from(self, sms, ceiling: float | None = None, per_sm_Bps: float | None = None):
         """HBM bandwidth reachable from `sms` SMs: linear at first, saturating at the chip's
         achievable maximum (a smooth minimum of the two, fitted to H100 measurements);
         `ceiling` replaces efficiency.hbm as the saturated fraction (a GEMM's operand stream)."""
@@ -172,7 +178,7 @@ class HwSpec(_Strict):
         s = np.asarray(sms, dtype=float)
         p = self.efficiency.hbm_saturation_exponent
         bmax = self.hbm_bandwidth_Bps * (ceiling or self.efficiency.hbm)
-        lin = np.maximum(s, 1e-9) * self.hbm_per_sm_bandwidth_Bps
+        lin = np.maximum(s, 1e-9) * (per_sm_Bps or self.hbm_per_sm_bandwidth_Bps)
         out = (lin ** -p + bmax ** -p) ** (-1.0 / p)
         return out if out.ndim else float(out)
 
