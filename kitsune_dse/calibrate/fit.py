@@ -105,14 +105,19 @@ def check_finite(m: dict) -> None:
                 raise ValueError(f"{key} at {s} SMs is {v}")
 
 
-def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16") -> float:
-    """The model's time of a one-stage persistent pipeline kernel of one GEMM C[m,n] = A[m,k]
-    B[k,n] on `sms` SMs (128-row blocks), as the explorer prices a pipeline stage."""
+def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16") -> float:
+    """The model's time of a one-stage persistent pipeline kernel of one microbenchmark op
+    (validate.microbench.case_model: a GEMM (m, n, k) or a row op (rows, cols)) on `sms` SMs,
+    128-row blocks, as the explorer prices a pipeline stage."""
     from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
     from kitsune_dse.cost.region import Region
     from kitsune_dse.validate.microbench import case_model
-    g, _ = case_model("matmul", dtype, (m, n, k))
+    g, _ = case_model(kind, dtype, tuple(dims))
     return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), 128)).latency_s
+
+
+def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16") -> float:
+    return one_stage_time(spec, "matmul", (m, n, k), sms, dtype)
 
 
 def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
@@ -150,26 +155,15 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
             "spec": with_params(fit.x)}
 
 
-def persistent_row_time(spec: HwSpec, kind: str, rows: int, cols: int, sms: int,
-                        dtype: str = "fp16") -> float:
-    """The model's time of a one-stage persistent kernel of one row op (softmax, layernorm...)
-    over [rows, cols] on `sms` SMs (128-row blocks)."""
-    from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
-    from kitsune_dse.cost.region import Region
-    from kitsune_dse.validate.microbench import case_model
-    g, _ = case_model(kind, dtype, (rows, cols))
-    return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), 128)).latency_s
-
-
 def fit_persistent_rows(spec: HwSpec, rows: list[dict]) -> dict:
     """Fit the DRAM bytes per second one SM's persistent row-op step streams (rows: kind, dims
-    (rows, cols), sms, time_s) through the model (persistent_row_time), least squares on the
+    (rows, cols), sms, time_s) through the model (one_stage_time), least squares on the
     relative error."""
     meas = np.array([r["time_s"] for r in rows], float)
 
     def resid(x):
         sp = spec.model_copy(update={"persistent_row_sm_stream_Bps": float(x[0]) * 1e9})
-        return np.array([persistent_row_time(sp, r["kind"], *r["dims"], r["sms"]) for r in rows]) / meas - 1
+        return np.array([one_stage_time(sp, r["kind"], r["dims"], r["sms"]) for r in rows]) / meas - 1
     fit = least_squares(resid, [spec.hbm_per_sm_bandwidth_Bps / 1e9], bounds=([0.5], [1000.0]),
                         diff_step=1e-3)
     rel = resid(fit.x)

@@ -238,9 +238,10 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
     # a stage's groups hand each unit's intermediates to each other through L2: reserve that
     # working set before pinning weights in what is left beside the queues
+    subs = [Region.of(g, st) for st in c.stages]
     stage_atoms = []
-    for st in c.stages:
-        atoms = [a for a in fusion_groups(Region.of(g, st)) if not all(g.op(o).info.is_view for o in a)]
+    for st, sub in zip(c.stages, subs):
+        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
         stage_atoms.append(atoms or [tuple(st)])
     # (a tensor made and used inside one fused group never leaves the SM)
     intra_ws = max((g.tensors[t].nbytes / units for st, atoms in zip(c.stages, stage_atoms)
@@ -268,8 +269,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     bm = pipe_tile(c.tile_rows)[0]
     rb_per_unit = max(1, c.tile_rows // bm)
     for j, st in enumerate(c.stages):
-        sub = Region.of(g, st)
-        atoms = stage_atoms[j]
+        sub, atoms = subs[j], stage_atoms[j]
         # the stage's workers split over all its steps' items: row-blocks in flight at once
         stage_items = sum(_atom_items(g, a, bm, rbs) for a in atoms)
         at_once = float(min(rbs, max(1, inflight[j] // slabs) * rb_per_unit))
