@@ -423,8 +423,12 @@ SM_GRID_STEP = 8
 
 
 def sim_grid(sm_count: int) -> np.ndarray:
-    pts = {1, 2, 4, sm_count} | set(range(SM_GRID_STEP, sm_count + 1, SM_GRID_STEP))
-    return np.array(sorted(p for p in pts if p <= sm_count), dtype=float)
+    """Fixed points (1, 2, 4, every SM_GRID_STEP) up to the first at or past the chip's SM
+    count: a given SM count interpolates between the same points on any chip, so a chip with
+    more SMs never re-prices a stage it could already run."""
+    top = -(-sm_count // SM_GRID_STEP) * SM_GRID_STEP
+    pts = {1, 2, 4} | set(range(SM_GRID_STEP, top + 1, SM_GRID_STEP))
+    return np.array(sorted(p for p in pts if p <= max(top, 4)), dtype=float)
 
 
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
