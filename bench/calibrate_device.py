@@ -133,6 +133,9 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
     for _, _, _, vs in case_variants(info, cases=tile_cases() + STANDALONE_DIAG):
         srcs += [v.build() for v in vs]
     srcs += [v.build() for *_, v in pipe_variants(info)]
+    from kitsune_dse.validate.microbench import probe_variants
+    for _, _, _, vs in probe_variants(info):
+        srcs += [v.build() for v in vs]
     srcs = list(dict.fromkeys(srcs))
     out = ROOT / "bench/.cubin_cache"
     out.mkdir(parents=True, exist_ok=True)
@@ -174,6 +177,40 @@ def measure_tiles(runs: int, log) -> tuple[list, list, list]:
                        "tile_time_s": t.get("time_s"), "cublas_time_s": c.get("time_s"),
                        "tile_error": t.get("error"), "cublas_error": c.get("error")})
     return squares, shapes, rows
+
+
+def measure_probes(runs: int, log) -> list[dict]:
+    """Tilesync hand-off probes: each kernel plain (CUDA graph), counting its tiles, and also
+    waiting before each tile (validate.microbench.TILESYNC_PROBES)."""
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import check_variant
+    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.microbench import probe_variants
+    from kitsune_dse.validate.reference import input_roles
+    from kitsune_dse.validate.runtime import gpu_info
+    info, _ = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = L2Flusher()
+    rows = []
+    with stream:
+        for (name, dtype, kind, dims), _, reg, vs in probe_variants(info):
+            row = {"label": name, "kind": kind, "dims": list(dims)}
+            for v in vs:
+                try:
+                    v.prepare()
+                    chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
+                    t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flush, poison_every=False)
+                    row[f"{v.name}_s"] = t.median_s
+                    row[f"{v.name}_correct"] = chk["correct"]
+                except Exception as e:  # noqa: BLE001
+                    row[f"{v.name}_error"] = f"{type(e).__name__}: {e}"
+            rows.append(row)
+            log(f"  probe {kind} {dims}: " + ", ".join(f"{v.name} {row.get(v.name + '_s', 0) * 1e6:.1f} us"
+                                                      for v in vs))
+            vs[0].tensors.arrays.clear()
+            cp.get_default_memory_pool().free_all_blocks()
+    return rows
 
 
 def measure_pipes(runs: int, log) -> tuple[list, list, list]:
@@ -251,6 +288,12 @@ def device(out: Path, runs: int, smoke: str) -> None:
     except Exception:  # noqa: BLE001
         raw["pipe_error"] = traceback.format_exc()
         log("pipes FAILED\n" + raw["pipe_error"])
+    dump()
+    try:
+        raw["tilesync_probe_rows"] = measure_probes(max(5, runs), log)
+    except Exception:  # noqa: BLE001
+        raw["probe_error"] = traceback.format_exc()
+        log("probes FAILED\n" + raw["probe_error"])
     raw["elapsed_s"] = time.time() - t0
     dump()
     log(f"calibration done -> {raw_path}")
@@ -326,7 +369,8 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
     import yaml
 
     from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_persistent_gemm,
-                                           fit_persistent_rows, fit_saturating, fit_standalone_gemm)
+                                           fit_persistent_rows, fit_saturating, fit_standalone_gemm,
+                                           fit_tile_handoff)
     from kitsune_dse.hw import load_spec
     from kitsune_dse.hw.spec import spec_from_dict
     raw = json.loads(raw_path.read_text())
@@ -426,6 +470,12 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
             rf = fit_persistent_rows(spec_from_dict(data, name), row_rows)
             data["persistent_row_sm_stream_Bps"] = rf["sm_stream_Bps"]
             cal["row_op_fit"] = rf
+        probes = [r for r in raw.get("tilesync_probe_rows", []) if r.get("plain_s") and r.get("both_s")]
+        if sp is harness and probes:
+            hf = fit_tile_handoff(spec_from_dict(data, name), probes)
+            data["tile_signal_s"], data["tile_wait_s"] = hf["tile_signal_s"], hf["tile_wait_s"]
+            data["tilesync_fixed_s"] = hf["fixed_s"]
+            cal["tile_handoff_fit"] = hf
         data["calibration"] = cal
         new = spec_from_dict(data, name)
         out[name] = new

@@ -24,8 +24,9 @@ from kitsune_dse.validate.harness import resolve_model_ref  # noqa: E402
 from kitsune_dse.validate.lower import Region  # noqa: E402
 from kitsune_dse.validate.microbench import case_variants  # noqa: E402
 from kitsune_dse.validate.plan import DeviceInfo, check_target, load_plan  # noqa: E402
-from kitsune_dse.validate.runtime import (PipelineVariant, Tensors, expand_includes,  # noqa: E402
-                                          make_variants, source_key)
+from kitsune_dse.validate.lower import fusion_groups  # noqa: E402
+from kitsune_dse.validate.runtime import (PipelineVariant, Tensors, TilesyncVariant,  # noqa: E402
+                                          expand_includes, make_variants, source_key)
 
 
 BENCH_VARIANTS = ["plan", "plan-1team", "bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas"]
@@ -42,6 +43,9 @@ def plan_sources(plan: dict, info: DeviceInfo, deadlock: bool = True) -> list[st
             out.append(v.build())
         if deadlock and region["strategy"] == "pipeline":
             out.append(PipelineVariant("plan", reg, t, info, region, 0.05, plant_deadlock=True).build())
+        if deadlock and region["strategy"] == "tilesync":
+            out.append(TilesyncVariant("plan", reg, t, info, fusion_groups(reg), "tilesync", graph=False,
+                                       timeout_s=0.05, plant_deadlock=True).build())
     return out
 
 
@@ -56,7 +60,7 @@ def all_sources(info: DeviceInfo) -> list[str]:
     try:
         mod = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(mod)
-        for plan in mod.gpu_test_plans():
+        for plan in mod.gpu_test_plans() + mod.tilesync_test_plans():
             srcs += plan_sources(plan, info)
     except Exception as e:  # noqa: BLE001
         print("gpu test plans skipped:", e)

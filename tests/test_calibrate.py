@@ -113,3 +113,36 @@ def test_the_committed_harness_spec_carries_the_persistent_gemm_fit():
     assert sp.gemm_tile_fixed_s == pytest.approx(fit["tile_fixed_s"])
     assert sp.persistent_gemm_sm_stream_Bps == pytest.approx(fit["sm_stream_Bps"])
     assert sp.efficiency.persistent_gemm_hbm == pytest.approx(fit["persistent_gemm_hbm"])
+
+
+def test_tile_handoff_fit_recovers_the_constants_it_was_made_from():
+    """Probe rows made from planted per-tile costs through the model's busiest-SM tile count."""
+    from kitsune_dse.calibrate.fit import fit_tile_handoff
+    from kitsune_dse.cost.region import Region as CRegion
+    from kitsune_dse.cost.region import kernel_works
+    from kitsune_dse.cost.roofline import busiest_sm_tiles
+    from kitsune_dse.validate.microbench import TILESYNC_PROBES, case_model
+    sp = load_spec("h100-sxm.calibrated")
+    rows = []
+    for i, (_, _, kind, dims) in enumerate(TILESYNC_PROBES):
+        g, _ = case_model(kind, "fp16", dims)
+        w = kernel_works(CRegion.of(g), [(o.name,) for o in g.ops], sp)[0]
+        x = float(busiest_sm_tiles(w, sp.sm_count))
+        plain = 1e-4 * (1 + i)
+        rows.append({"kind": kind, "dims": list(dims), "plain_s": plain,
+                     "signal_s": plain + 2e-6 + 0.25e-6 * x, "both_s": plain + 2e-6 + 0.35e-6 * x})
+    fit = fit_tile_handoff(sp, rows)
+    assert fit["fixed_s"] == pytest.approx(2e-6, rel=1e-6)
+    assert fit["tile_signal_s"] == pytest.approx(0.25e-6, rel=1e-6)
+    assert fit["tile_wait_s"] == pytest.approx(0.1e-6, rel=1e-6)
+    assert fit["rms_s"] < 1e-12
+
+
+def test_the_committed_harness_spec_carries_the_tile_handoff_fit():
+    sp = load_spec("h100-sxm.calibrated")
+    fit = sp.calibration.tile_handoff_fit
+    assert len(fit["busiest_sm_tiles"]) >= 5
+    assert sp.tile_signal_s == pytest.approx(fit["tile_signal_s"])
+    assert sp.tile_wait_s == pytest.approx(fit["tile_wait_s"])
+    assert sp.tilesync_fixed_s == pytest.approx(fit["fixed_s"])
+    assert 0 <= sp.tile_signal_s < 2e-6 and 0 <= sp.tile_wait_s < 2e-6

@@ -351,3 +351,78 @@ def test_kernel_sources_compile_with_nvrtc_if_available():
             pytest.skip(f"NVRTC unusable here: {e}")
         raise AssertionError(nvrtc.getProgramLog(prog))
     assert json.dumps  # keep json imported for the plan helpers
+
+
+# -- tilesync / concurrent regions (programmatic launches with flag hand-offs) ----------------------
+def _strategy_region(plan_name, strategy, kernels=None):
+    plan = copy.deepcopy(_plan(plan_name))
+    region = plan["regions"][0]
+    region["strategy"] = strategy
+    region.pop("stages", None)
+    region.pop("queues", None)
+    if kernels is not None:
+        region["kernels"] = kernels
+    return _region(plan)
+
+
+def test_tilesync_plan_waits_for_rows_and_counts_tiles():
+    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant, make_variants
+    reg, region = _strategy_region("gpt3-mlp-t2048-tp8", "tilesync", [["fc1", "gelu"], ["fc2", "residual"]])
+    (v,) = make_variants(reg, region, Tensors(reg), H100, which=["plan"])
+    assert isinstance(v, TilesyncVariant) and v.graph_mode
+    src = v.build()
+    g0, g1 = (v.sync.groups[g.name] for g in v.groups)
+    # fc1's 128-row blocks are counted (its consumer reads rows of a), fc2's are not
+    assert g0.count_units and not g0.count_done and not g1.count_units and not g1.count_done
+    assert [(p.name, how, t) for p, how, t in g1.waits] == [("g0", "rows", "a")]
+    tiles = codegen.choose_gemm_tile(v.groups[0], 132)
+    assert g0.unit_rows == tiles["bm"] and g0.per_unit == -(-v.groups[0].cols // tiles["bn"])
+    assert g0.units == -(-v.groups[0].rows // tiles["bm"])
+    # every kernel releases the next one's launch; only the consumer waits, only the producer counts
+    assert src.count("    kdse_launch_dependents();") == 2        # one per kernel
+    assert src.count("tilesync_wait_rows(sync,") == 1
+    assert src.count("tilesync_signal((u32*)bufs[") == 1
+    assert v.sync.words == 8 + g0.units + 1 + g1.units + 1
+
+
+def test_concurrent_plan_waits_for_whole_producers_in_level_order():
+    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant, level_order, make_variants
+    reg, region = _strategy_region("gpt3-mlp-t2048-tp8", "concurrent", [])
+    (v,) = make_variants(reg, region, Tensors(reg), H100, which=["plan"])
+    assert isinstance(v, TilesyncVariant) and v.strategy == "concurrent"
+    v.build()
+    assert [g.ops for g in v.groups] == [["fc1"], ["gelu"], ["fc2"], ["residual"]]
+    hows = {how for gs in v.sync.groups.values() for _, how, _ in gs.waits}
+    assert hows == {"all"}
+    # a topological order a, c (reads a), b (independent of a): the level order runs a and b
+    # side by side, then c
+    a, c, b = (type("G", (), {"name": n, "reads": lambda self, r=r: r, "stores": s})()
+               for n, r, s in (("a", ["x"], ["y1"]), ("c", ["y1"], ["z"]), ("b", ["x"], ["y2"])))
+    assert [g.name for g in level_order([a, c, b])] == ["a", "b", "c"]
+
+
+def test_tilesync_split_k_producer_fixes_up_in_its_last_k_range():
+    from kitsune_dse.validate.lower import fusion_groups
+    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant
+    reg, region = _strategy_region("gpt3-mlp-t64", "tilesync", [["fc1", "gelu"], ["fc2", "residual"]])
+    v = TilesyncVariant("plan", reg, Tensors(reg), H100, fusion_groups(reg), "tilesync")
+    src = v.build()
+    fc2 = codegen.choose_gemm_tile(v.groups[1], 132)
+    assert fc2["splits"] > 1
+    # no reduce kernel: the K ranges of a tile are adjacent CTAs and the last one sums them
+    assert not [ln for ln in v._launches if ln.kernel.endswith("_reduce")]
+    launch = [ln for ln in v._launches if ln.group == v.groups[1].name][0]
+    assert launch.grid[0] == 96 * fc2["splits"] and launch.grid[2] == 1
+    assert "last_split" in src and "splitk_reduce_vec" in src
+    assert v.sync.groups[v.groups[1].name].arrive > 0
+
+
+def test_tilesync_probe_counts_and_checks_every_tile():
+    from kitsune_dse.validate.microbench import TILESYNC_PROBES, probe_variants
+    (case, _, _, (plain, signal, both)), *_ = probe_variants(H100, TILESYNC_PROBES[:1])
+    assert "tilesync" not in plain.build()
+    s_src, b_src = signal.build(), both.build()
+    assert "tilesync_signal(" in s_src and "tilesync_wait_rows(sync," not in s_src
+    assert "tilesync_wait_rows(sync," in b_src
+    (gs,) = both.sync.groups.values()
+    assert gs.waits[0][0].per_unit == 0           # an always-complete counter: one load, no wait

@@ -221,3 +221,38 @@ def fit_standalone_gemm(spec: HwSpec, rows: list[dict]) -> dict:
             "rel_error_by_shape": {f"{r['m']}x{r['n']}x{r['k']}": round(float(e), 3)
                                    for r, e in zip(rows, rel)},
             "spec": with_params(fit.x)}
+
+
+def fit_tile_handoff(spec: HwSpec, rows: list[dict]) -> dict:
+    """Per-tile hand-off costs of the harness's tilesync kernels, from probes (rows: kind,
+    dims, plain_s, signal_s, both_s: one kernel plain, counting its tiles, and also checking a
+    flag before each tile). Through the model's own tile count on the busiest SM (x):
+    signal - plain = fixed + x * tile_signal_s and both - signal = x * tile_wait_s, by
+    non-negative least squares."""
+    from scipy.optimize import nnls
+
+    from kitsune_dse.cost.region import Region as CRegion
+    from kitsune_dse.cost.region import kernel_works
+    from kitsune_dse.cost.roofline import busiest_sm_tiles
+    from kitsune_dse.validate.microbench import case_model
+    xs = []
+    for r in rows:
+        g, _ = case_model(r["kind"], "fp16", tuple(r["dims"]))
+        region = CRegion.of(g)
+        w = kernel_works(region, [(o.name,) for o in g.ops], spec)[0]
+        xs.append(float(busiest_sm_tiles(w, spec.sm_count)))
+    xs = np.asarray(xs)
+    sig = np.asarray([r["signal_s"] - r["plain_s"] for r in rows])
+    both = np.asarray([r["both_s"] - r["signal_s"] for r in rows])
+    n = len(rows)
+    # unknowns: fixed, signal per tile, wait per tile
+    a = np.zeros((2 * n, 3))
+    a[:n, 0], a[:n, 1] = 1.0, xs
+    a[n:, 2] = xs
+    y = np.concatenate([sig, both])
+    scale = 1.0 / np.maximum(np.concatenate([[r["plain_s"] for r in rows]] * 2), 1e-9)
+    sol, _ = nnls(a * scale[:, None], y * scale)
+    pred = a @ sol
+    return {"fixed_s": float(sol[0]), "tile_signal_s": float(sol[1]), "tile_wait_s": float(sol[2]),
+            "busiest_sm_tiles": xs.tolist(), "signal_extra_s": sig.tolist(), "wait_extra_s": both.tolist(),
+            "rms_s": float(np.sqrt(np.mean((pred - y) ** 2)))}

@@ -63,7 +63,7 @@ class KernelWork:
 
 def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     """Latency of `work` on `sms` SMs (scalar or array). With parts=True also returns the
-    compute, DRAM and L2 terms and the wave count."""
+    compute, DRAM and L2 terms, the wave count and the ramp."""
     if np.ndim(sms) == 0 and not parts:
         return _kernel_time_scalar(work, spec, float(sms))
     s = np.maximum(np.asarray(sms, dtype=float), 1.0)
@@ -86,12 +86,12 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     # a persistent step does not hide its DRAM stream under its math; its L2 reads are the
     # tile loads its calibrated rate already includes, so they only bound it
     ov = 1.0 - _overlap(work, spec)
-    lat = (np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2)
-           + _ramp(work, spec))
+    ramp = _ramp(work, spec)
+    lat = np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2) + ramp
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
     if parts:
-        return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves}
+        return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves, "ramp_s": ramp}
     return lat
 
 

@@ -11,7 +11,7 @@ import numpy as np
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.region import (Region, is_fusible_reduction_owner, kernel_variants,
                                      kernel_works)
-from kitsune_dse.cost.roofline import KernelWork, kernel_time
+from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time
 from kitsune_dse.graph.ir import DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
@@ -170,10 +170,43 @@ def _streams_from(region: Region, prod: tuple[str, ...], cons: tuple[str, ...]) 
 
 
 def _fluid_time(w: KernelWork, spec: HwSpec, S: int) -> float:
-    """The kernel's time with its tiles spread evenly over all SMs: no last-wave tail."""
-    _, p = kernel_time(w, spec, S, parts=True)
+    """The kernel's time when the next kernel's tiles fill the SMs its last wave leaves idle:
+    its tiles spread evenly over all SMs (no last-wave tail). Its ramp stays: the first
+    consumer tile needs a whole row-block of this kernel's output, which its own epilogue
+    writes. A one-wave kernel gains nothing: every row-block completes with its only wave
+    (measured: a chain of one-wave GEMMs runs no faster under tilesync than in a graph)."""
+    t, p = kernel_time(w, spec, S, parts=True)
     tiles = max(1, w.tiles)
-    return max(p["compute_s"] * tiles / (math.ceil(tiles / S) * S), p["dram_s"], p["l2_s"])
+    if float(busiest_sm_tiles(w, S)) <= 1.0:
+        return t
+    return max(p["compute_s"] * tiles / (math.ceil(tiles / S) * S), p["dram_s"], p["l2_s"]) + p["ramp_s"]
+
+
+def _handoffs(region: Region, groups: list[tuple[str, ...]]) -> list[tuple[bool, bool]]:
+    """(waits, signals) per kernel of a tilesync/concurrent region: a kernel checks a flag before
+    each tile when it reads a tensor an earlier kernel of the region writes, and counts each
+    finished tile when a later kernel reads its output (views resolved to what they alias)."""
+    g = region.graph
+
+    def root(t):
+        seen = 0
+        while (p := g.producer(t)) is not None and g.op(p).info.is_view and seen < 64:
+            t, seen = g.op(p).inputs[0], seen + 1
+        return t
+    writes = [{root(t) for o in grp for t in g.op(o).outputs} for grp in groups]
+    reads = [{root(t) for o in grp for t in g.op(o).inputs} - w for grp, w in zip(groups, writes)]
+    out = []
+    for i in range(len(groups)):
+        waits = any(reads[i] & writes[j] for j in range(i))
+        signals = any(reads[j] & writes[i] for j in range(i + 1, len(groups)))
+        out.append((waits, signals))
+    return out
+
+
+def _handoff_s(work: KernelWork, spec: HwSpec, sms, waits: bool, signals: bool):
+    """Hand-off time on the kernel's busiest SM (per tile, calibrated by the harness's probes)."""
+    per_tile = (spec.tile_wait_cost_s if waits else 0.0) + (spec.tile_signal_cost_s if signals else 0.0)
+    return busiest_sm_tiles(work, sms) * per_tile
 
 
 def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
@@ -192,18 +225,22 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
     times = [kernel_time(w, spec, S) + fixed for w in works]
     saved = []
     gap = spec.graph_launch_overhead_s
-    total = gap if works else 0.0
+    total = gap + spec.tilesync_fixed_s if works else 0.0
+    hand = _handoffs(region, groups)
     for i, (w, t) in enumerate(zip(works, times)):
         last = i + 1 == len(works)
         # each kernel may take whichever CTA tile / split-K suits overlapping best (a min over
-        # a fixed set of monotone costs keeps the estimate monotone in the hardware)
+        # a fixed set of monotone costs keeps the estimate monotone in the hardware); every
+        # tile pays its hand-offs (a flag check before, a count after)
         variants = kernel_variants(region, groups[i], spec, w)
         if not last and _streams_from(region, groups[i], groups[i + 1]):
             cost = min(min(_fluid_time(v, spec, S) + spec.sync_latency_s,
-                           kernel_time(v, spec, S) + gap) for v in variants) + fixed
+                           kernel_time(v, spec, S) + gap) + _handoff_s(v, spec, S, *hand[i])
+                       for v in variants) + fixed
             saved.append(t + gap - cost)
         else:
-            cost = min(kernel_time(v, spec, S) for v in variants) + fixed + (0.0 if last else gap)
+            cost = min(kernel_time(v, spec, S) + _handoff_s(v, spec, S, *hand[i])
+                       for v in variants) + fixed + (0.0 if last else gap)
             if not last:
                 saved.append(-gap)
         total += cost
@@ -262,22 +299,28 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
     variants = {w.name: kernel_variants(region, (w.name,), spec, w) for w in works}
     S = spec.sm_count
     sm_axis = np.arange(S + 1)
-    total, times, shares = 0.0, [], []
+    order = [(w.name,) for w in works]
+    hand = dict(zip([w.name for w in works], _handoffs(region, order)))
+    total, times, shares = spec.tilesync_fixed_s if works else 0.0, [], []
     for lv in groups:
         ws = [by_op[o] for o in lv if o in by_op]
         if not ws:
             continue
         if len(ws) == 1:
-            t = kernel_time(ws[0], spec, S)
+            t = kernel_time(ws[0], spec, S) + _handoff_s(ws[0], spec, S, *hand[ws[0].name])
             split = [S]
         else:
-            # each kernel on its share picks the tile and split-K that suit that share
-            tabs = [np.min([kernel_time(v, spec, sm_axis) for v in variants[w.name]], axis=0)
+            # each kernel on its share picks the tile and split-K that suit that share; every
+            # tile pays its hand-offs (a flag check where it has producers, a count where
+            # consumers wait for it)
+            tabs = [np.min([kernel_time(v, spec, sm_axis) + _handoff_s(v, spec, np.maximum(sm_axis, 1),
+                                                                       *hand[w.name])
+                            for v in variants[w.name]], axis=0)
                     for w in ws]
             t, split = split_sms(tabs, S)
             dram = sum(w.dram_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))
-            serial = (sum(kernel_time(w, spec, S) for w in ws)
+            serial = (sum(kernel_time(w, spec, S) + _handoff_s(w, spec, S, *hand[w.name]) for w in ws)
                       + (len(ws) - 1) * (spec.graph_launch_overhead_s + spec.kernel_fixed_s))
             if serial <= t:     # sharing does not pay: run the level back to back
                 t, split = serial, [S] * len(ws)

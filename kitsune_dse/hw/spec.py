@@ -125,6 +125,14 @@ class HwSpec(_Strict):
                                                 # cp.async loads; default hbm_per_sm_bandwidth_Bps)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
+    tile_signal_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # per tile on its SM: a tilesync producer counting
+                                                # a finished tile (fence + flag; default sync_latency_s)
+    tile_wait_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # per tile: a consumer checking its rows are ready
+                                                # before it starts (default sync_latency_s)
+    tilesync_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # per tilesync/concurrent region: resetting its flags
                                                 # persistent GEMM steps: per 128x128 output tile on
                                                 # one SM (prologue, epilogue, hand-offs; calibrated)
     kernel_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
@@ -169,6 +177,14 @@ class HwSpec(_Strict):
         r = self.simt_peak_flop_per_s
         rate = r.get(dtype) or r.get("fp32") or next(iter(r.values()))
         return rate * self.efficiency.simt / self.sm_count
+
+    @property
+    def tile_signal_cost_s(self) -> float:
+        return self.sync_latency_s if self.tile_signal_s is None else self.tile_signal_s
+
+    @property
+    def tile_wait_cost_s(self) -> float:
+        return self.sync_latency_s if self.tile_wait_s is None else self.tile_wait_s
 
     def hbm_bandwidth_from(self, sms, ceiling: float | None = None, per_sm_Bps: float | None = None):
         """HBM bandwidth reachable from `sms` SMs: linear at first, saturating at the chip's

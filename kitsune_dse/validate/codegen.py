@@ -232,13 +232,42 @@ def choose_gemm_tile(grp: Group, sm_count: int) -> dict:
     return {"bm": bm, "bn": bn, "bk": bk, "stages": stages, "splits": splits}
 
 
+def _tilesync_fixup(grp: Group, sync, sidx: int, w: int, splits: int, m: int, n: int, bm: int,
+                    bn: int, ptr, ld, cg: int) -> list[str]:
+    """Split-K under tilesync: the CTA that finishes a tile's last K range sums its partials
+    (fp32, read through L2) and applies the epilogue, then counts the tile."""
+    gs = sync.groups[grp.name]
+    nv, bnv = n // 8, bn // 8
+    out = ["    __syncthreads();", "    __shared__ u32 last_split;",
+           f"    if (threadIdx.x == 0) last_split = atom_add_acq_rel((u32*)bufs[{sidx}] + {gs.arrive} + bx, 1u) == {splits - 1}u;",
+           "    __syncthreads();", "    if (!last_split) return;", "    __threadfence();   // the other K ranges' partials",
+           "    {", "    const int m0 = 0;",
+           f"    F_{grp.name}<{cg}> g;"]
+    out += ["    " + s for s in functor_setup(grp, "g", ptr, ld)]
+    out += [f"    for (int e = threadIdx.x; e < rows_valid * {bnv}; e += 256) {{",
+            f"        const int cv = ct * {bnv} + e % {bnv};",
+            f"        if (cv < {nv}) splitk_reduce_vec<{grp.nb}>((const float*)bufs[{w}], {splits}, {m}, {n}, "
+            f"(size_t)(rb * {bm} + e / {bnv}) * {nv} + cv, g);",
+            "    }", "    }"]
+    out += sync.signal(grp, sidx, "rb")
+    return out
+
+
 def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count: int,
-                      prefix: str) -> tuple[str, list[Launch], dict]:
-    """One module: a functor and kernel(s) per group. Returns (source, launches, workspaces)."""
+                      prefix: str, sync=None) -> tuple[str, list[Launch], dict]:
+    """One module: a functor and kernel(s) per group. Returns (source, launches, workspaces).
+    sync (a tilesync.SyncPlan): the kernels hand tiles to each other through flag counters
+    (tilesync.py): a prologue waits for the rows it reads, an epilogue counts the finished tile;
+    a split-K GEMM's last K range sums the partials itself (no reduce kernel)."""
     src = [header(reg.dtype)]
+    if sync is not None:
+        from kitsune_dse.validate.tilesync import CUDA_HELPERS
+        src.append(CUDA_HELPERS)
+        sidx = bufs.idx(sync.buf)
     launches: list[Launch] = []
     ws: dict[str, int] = {}
     for grp in groups:
+        cg = sync.groups[grp.name].cg_mask if sync is not None else 0
         src.append(functor(grp))
 
         def ptr(t, write, vec=False, _m0="m0"):
@@ -263,35 +292,48 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
             b1 = bufs.idx(grp.weights[1]) if grp.nb == 2 else b0
             # two CTAs per SM where 128 registers suffice (no spills, ptxas -v) and smem allows
             lb = 2 if grp.nb == 1 and bn == 128 and 2 * cfg["SMEM_BYTES"] <= 220 * 1024 else 1
+            # tilesync: a tile's K ranges are adjacent CTAs, so its fix-up comes early
+            bx, split = ("bx", "split") if sync is not None else ("blockIdx.x", "blockIdx.z")
             lines = [f"extern \"C\" __global__ void __launch_bounds__(256, {lb}) {kname}(void* const* bufs) {{",
                      "    extern __shared__ __align__(128) unsigned char smem[];",
                      "    const Team tm = solo_team();",
-                     f"    typedef {cfg['type']} Cfg;",
-                     f"    // grouped rasterization: {GROUP_M} row-blocks x all column tiles per group, so a wave",
+                     f"    typedef {cfg['type']} Cfg;"]
+            if sync is not None:
+                lines.append(f"    const int bx = blockIdx.x / {splits}, split = blockIdx.x % {splits};" if splits > 1
+                             else "    const int bx = blockIdx.x;")
+            lines += [f"    // grouped rasterization: {GROUP_M} row-blocks x all column tiles per group, so a wave",
                      "    // reuses the weight column tiles it reads from L2 (the same order as Triton's GROUP_M)",
                      f"    const int n_ct = {-(-n // bn)}, n_rb = {-(-m // bm)}, per_group = {GROUP_M} * n_ct;",
-                     f"    const int grp0 = (blockIdx.x / per_group) * {GROUP_M}, gsize = min(n_rb - grp0, {GROUP_M});",
-                     "    const int rb = grp0 + (blockIdx.x % per_group) % gsize, ct = (blockIdx.x % per_group) / gsize;",
+                     f"    const int grp0 = ({bx} / per_group) * {GROUP_M}, gsize = min(n_rb - grp0, {GROUP_M});",
+                     f"    const int rb = grp0 + ({bx} % per_group) % gsize, ct = ({bx} % per_group) / gsize;",
                      f"    const int m0 = rb * {bm};",
                      f"    const elem_t* A = (const elem_t*)bufs[{a}] + (size_t)m0 * {k};",
                      f"    const elem_t* B0 = {b_ptr(grp, b0, 'm0')};",
                      f"    const elem_t* B1 = {b_ptr(grp, b1, 'm0')};",
                      f"    const int rows_valid = min({bm}, {m} - m0);"]
+            if sync is not None:
+                lines += sync.start(grp, sidx, "m0", "m0 + rows_valid")
             if splits == 1:
-                lines.append(f"    F_{grp.name}<0> f;")
+                lines.append(f"    F_{grp.name}<{cg}> f;")
                 lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
                 lines.append(f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {ldb(grp)}, {n}, 0, {k}, ct * {bn}, f, NoWait(), smem, tm);")
+                if sync is not None:
+                    lines += sync.signal(grp, sidx, "rb")
             else:
                 wsname = f"{prefix}_{grp.name}_ws"
                 ws[wsname] = splits * grp.nb * m * n * 4
                 w = bufs.idx(wsname)
                 per = -(-(-(-k // bk)) // splits) * bk
-                lines += [f"    PartialEpi<{grp.nb}> f; f.ws = (float*)bufs[{w}]; f.M = {m}; f.N = {n}; f.m0 = m0; f.split = blockIdx.z;",
-                          f"    const int k0 = blockIdx.z * {per}, k1 = min({k}, k0 + {per});",
+                lines += [f"    PartialEpi<{grp.nb}> f; f.ws = (float*)bufs[{w}]; f.M = {m}; f.N = {n}; f.m0 = m0; f.split = {split};",
+                          f"    const int k0 = {split} * {per}, k1 = min({k}, k0 + {per});",
                           f"    gemm_tile<Cfg>(A, {k}, rows_valid, B0, B1, {ldb(grp)}, {n}, k0, k1, ct * {bn}, f, NoWait(), smem, tm);"]
+                if sync is not None:
+                    lines += _tilesync_fixup(grp, sync, sidx, w, splits, m, n, bm, bn, ptr, ld, cg)
             lines.append("}")
-            launches.append(Launch(kname, (-(-n // bn) * -(-m // bm), 1, splits), 256, cfg["SMEM_BYTES"], grp.name))
-            if splits > 1:
+            ntiles = -(-n // bn) * -(-m // bm)
+            grid = (ntiles * splits, 1, 1) if sync is not None else (ntiles, 1, splits)
+            launches.append(Launch(kname, grid, 256, cfg["SMEM_BYTES"], grp.name))
+            if splits > 1 and sync is None:
                 w = bufs.idx(f"{prefix}_{grp.name}_ws")
                 total = m * n // 8
                 lines += [f"extern \"C\" __global__ void __launch_bounds__(256) {kname}_reduce(void* const* bufs) {{",
@@ -311,11 +353,19 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
                      "    __shared__ float red[8];",
                      "    const Team tm = solo_team();",
                      "    const int m0 = 0;",
-                     f"    const int r = blockIdx.x * {rpc} + (threadIdx.x >> 5) / {8 // rpc};",
-                     f"    if (r >= {grp.rows}) return;   // a whole row group leaves together",
-                     f"    F_{grp.name}<0> f;"]
+                     f"    const int r = blockIdx.x * {rpc} + (threadIdx.x >> 5) / {8 // rpc};"]
+            if sync is None:
+                lines.append(f"    if (r >= {grp.rows}) return;   // a whole row group leaves together")
+            else:
+                lines += sync.start(grp, sidx, f"blockIdx.x * {rpc}", f"min({grp.rows}, (int)blockIdx.x * {rpc} + {rpc})")
+            lines.append(f"    F_{grp.name}<{cg}> f;")
             lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
-            lines.append("    " + row_call(grp, "f", "r", g_, b_, "red"))
+            call = "    " + row_call(grp, "f", "r", g_, b_, "red")
+            if sync is None:
+                lines.append(call)
+            else:   # row groups use named barriers of their own, so skipping a row is safe
+                lines += [f"    if (r < {grp.rows}) {{", "    " + call, "    }"]
+                lines += sync.signal(grp, sidx, "blockIdx.x")
             lines.append("}")
             launches.append(Launch(kname, (-(-grp.rows // rpc),), 256, 0, grp.name))
             src.append("\n".join(lines))
@@ -323,13 +373,28 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
             nv = grp.cols // 8
             total = grp.rows * nv
             lines = [f"extern \"C\" __global__ void __launch_bounds__(256) {kname}(void* const* bufs) {{",
-                     "    const int m0 = 0;",
-                     f"    F_{grp.name}<0> f;"]
-            lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
-            lines += [f"    for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < {total}ull; i += (size_t)gridDim.x * 256) {{",
-                      f"        const int r = (int)(i / {nv}), c = (int)(i % {nv}) * 8;",
-                      "        f.apply(r, c);", "    }", "}"]
-            launches.append(Launch(kname, (min(-(-total // 256), sm_count * 32),), 256, 0, grp.name))
+                     "    const int m0 = 0;"]
+            if sync is None:
+                lines.append(f"    F_{grp.name}<0> f;")
+                lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
+                lines += [f"    for (size_t i = (size_t)blockIdx.x * 256 + threadIdx.x; i < {total}ull; i += (size_t)gridDim.x * 256) {{",
+                          f"        const int r = (int)(i / {nv}), c = (int)(i % {nv}) * 8;",
+                          "        f.apply(r, c);", "    }", "}"]
+                grid = min(-(-total // 256), sm_count * 32)
+            else:   # whole rows per CTA, so a unit of rows is one CTA's work
+                from kitsune_dse.validate.tilesync import ew_rows_per_cta
+                rr = ew_rows_per_cta(grp.cols)
+                lines += sync.start(grp, sidx, f"blockIdx.x * {rr}", f"min({grp.rows}, (int)blockIdx.x * {rr} + {rr})")
+                lines.append(f"    F_{grp.name}<{cg}> f;")
+                lines += ["    " + s for s in functor_setup(grp, "f", ptr, ld)]
+                lines += [f"    const size_t i0 = (size_t)blockIdx.x * {rr * nv}, i1 = min((size_t){total}, i0 + {rr * nv});",
+                          "    for (size_t i = i0 + threadIdx.x; i < i1; i += 256) {",
+                          f"        const int r = (int)(i / {nv}), c = (int)(i % {nv}) * 8;",
+                          "        f.apply(r, c);", "    }"]
+                lines += sync.signal(grp, sidx, "blockIdx.x")
+                lines.append("}")
+                grid = -(-grp.rows // rr)
+            launches.append(Launch(kname, (grid,), 256, 0, grp.name))
             src.append("\n".join(lines))
     return "\n\n".join(src) + "\n", launches, ws
 

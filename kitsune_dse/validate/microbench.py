@@ -125,3 +125,35 @@ def _run_case(case, stream, flush, runs, console):
     vs[0].tensors.arrays.clear()
     cp.get_default_memory_pool().free_all_blocks()
     return rows
+
+
+# Tile hand-off probes (calibration of tilesync/concurrent): each kernel alone, as a plain kernel
+# in a CUDA graph, then as a tilesync kernel that counts its tiles ("signal"), then one that also
+# waits for an always-complete counter before each tile ("both"); the differences are what a
+# producer's and a consumer's hand-offs cost per tile.
+TILESYNC_PROBES = [
+    ("probe", "fp16", "matmul", (65536, 256, 256)),
+    ("probe", "fp16", "matmul", (262144, 256, 256)),
+    ("probe", "fp16", "matmul", (16384, 3072, 768)),
+    ("probe", "fp16", "matmul", (4096, 4096, 4096)),
+    ("probe", "fp16", "matmul", (2048, 1024, 1024)),
+    ("probe", "fp16", "layernorm", (16384, 4096)),
+    ("probe", "fp16", "gelu", (8192, 8192)),
+]
+
+
+def probe_variants(info, cases=TILESYNC_PROBES):
+    """(case, region, Region, [plain, signal, both]) per probe case (build only)."""
+    from kitsune_dse.validate.lower import bsp_groups
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
+    out = []
+    for name, dtype, kind, dims in cases:
+        g, region = case_model(kind, dtype, dims)
+        reg = Region(g, region)
+        tensors = Tensors(reg)
+        groups = bsp_groups(reg)
+        vs = [StandaloneVariant("plain", reg, tensors, info, groups, graph=True, prefix="mb"),
+              TilesyncVariant("signal", reg, tensors, info, groups, "tilesync", probe="signal"),
+              TilesyncVariant("both", reg, tensors, info, groups, "tilesync", probe="both")]
+        out.append(((name, dtype, kind, dims), region, reg, vs))
+    return out

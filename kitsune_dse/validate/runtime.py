@@ -8,9 +8,12 @@ Variants of one region (each `prepare()`d once, then `pre()` + `run(stream)` per
   fusion       one kernel per plan "kernels" group (epilogue fusion), eager
   fusion-graph the same, as a CUDA graph
   cublas       cuBLAS (CuPy `@`) for each matmul, this harness's kernels for the rest, eager
+A tilesync or concurrent region's plan runs its kernels with programmatic dependent launches and
+tile hand-offs through flag counters (TilesyncVariant, tilesync.py), as a CUDA graph.
 """
 from __future__ import annotations
 
+import ctypes
 import re
 import time
 from dataclasses import dataclass, field
@@ -24,6 +27,7 @@ from kitsune_dse.validate.lower import (Group, PipelineLayout, Region, bsp_group
                                         fusion_groups, layout_pipeline)
 from kitsune_dse.validate.plan import DeviceInfo
 from kitsune_dse.validate.reference import storage_dtype
+from kitsune_dse.validate.tilesync import SYNC_BUF, plan_sync
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
 POISON = 0xFFFF      # a NaN in fp16 and in bf16
@@ -189,6 +193,29 @@ class Variant:
         """Checks after a run (the pipeline's error word)."""
 
 
+def cublas_strided_batched(A, B, C, grp: Group) -> None:
+    """C[b] = A[b] @ B[b] (B[b]^T when grp.tb) for every batch b with one
+    cublasGemmStridedBatchedEx call, fp32 accumulation (row-major operands are column-major
+    transposes: C^T = B^T A^T)."""
+    cp = _cp()
+    from cupy_backends.cuda.libs import cublas
+    h = cp.cuda.device.get_cublas_handle()
+    m, n, k, nb = grp.mper, grp.cols, grp.k, grp.batch
+    dt = 2 if A.dtype == cp.float16 else 14          # CUDA_R_16F / CUDA_R_16BF
+    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
+    mode = cublas.getPointerMode(h)
+    cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
+    try:
+        cublas.setStream(h, cp.cuda.get_current_stream().ptr)
+        cublas.gemmStridedBatchedEx(
+            h, cublas.CUBLAS_OP_T if grp.tb else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, n, m, k,
+            one.ctypes.data, B.data.ptr, dt, k if grp.tb else n, n * k,
+            A.data.ptr, dt, k, m * k, zero.ctypes.data, C.data.ptr, dt, n, m * n, nb,
+            getattr(cublas, "CUBLAS_COMPUTE_32F", 68), getattr(cublas, "CUBLAS_GEMM_DEFAULT_TENSOR_OP", 99))
+    finally:
+        cublas.setPointerMode(h, mode)
+
+
 class StandaloneVariant(Variant):
     """One kernel per group, eager or as a CUDA graph."""
 
@@ -237,12 +264,10 @@ class StandaloneVariant(Variant):
                     a, b, out, grp = obj
                     A, B, C = self.tensors.get(a), self.tensors.get(b), self.tensors.get(out)
                     A = A.reshape(-1, grp.k)
-                    if grp.batch > 1:   # strided batched GEMM (cuBLAS through CuPy)
-                        A = A.reshape(grp.batch, grp.mper, grp.k)
-                        B = (B.reshape(grp.batch, grp.cols, grp.k).transpose(0, 2, 1) if grp.tb
-                             else B.reshape(grp.batch, grp.k, grp.cols))
-                        C = C.reshape(grp.batch, grp.mper, grp.cols)
-                    elif grp.tb:
+                    if grp.batch > 1:   # cuBLAS strided batched (CuPy's batched matmul is ~12x slower)
+                        self.calls.append(("bmm", (A, B, C, grp)))
+                        continue
+                    if grp.tb:
                         B = B.T
                     self.calls.append(("mm", (A, B, C)))
                 else:
@@ -250,14 +275,19 @@ class StandaloneVariant(Variant):
         self.launches_per_run = len(self.calls)
 
     def _launch_all(self):
-        cp = _cp()
-        for kind, obj in self.calls:
-            if kind == "k":
-                fn, ln = obj
-                fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
-            else:
-                a, b, out = obj
-                cp.matmul(a, b, out=out)
+        for call in self.calls:
+            self._issue(call)
+
+    def _issue(self, call):
+        kind, obj = call
+        if kind == "k":
+            fn, ln = obj
+            fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
+        elif kind == "bmm":
+            cublas_strided_batched(*obj)
+        else:
+            a, b, out = obj
+            _cp().matmul(a, b, out=out)
 
     def kernel_times(self, stream, flush=None, runs: int = 5) -> list[tuple[str, float]]:
         """Per group (an op, or a fusion group), the median device time between CUDA events
@@ -276,13 +306,8 @@ class StandaloneVariant(Variant):
             ev = [cp.cuda.Event() for _ in range(len(self.calls) + 1)]
             with stream:
                 ev[0].record(stream)
-                for i, (kind, obj) in enumerate(self.calls):
-                    if kind == "k":
-                        fn, ln = obj
-                        fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
-                    else:
-                        a, b, out = obj
-                        cp.matmul(a, b, out=out)
+                for i, call in enumerate(self.calls):
+                    self._issue(call)
                     ev[i + 1].record(stream)
             ev[-1].synchronize()
             samples.append([cp.cuda.get_elapsed_time(ev[i], ev[i + 1]) * 1e-3 for i in range(len(self.calls))])
@@ -309,6 +334,117 @@ class StandaloneVariant(Variant):
                 finally:
                     self.graph = stream.end_capture()
         self.graph.launch(stream)
+
+
+# -- programmatic dependent launch (cuLaunchKernelEx through ctypes: CuPy has no launch attributes)
+class _LaunchAttr(ctypes.Structure):
+    _fields_ = [("id", ctypes.c_int), ("pad", ctypes.c_char * 4), ("value", ctypes.c_int * 16)]
+
+
+class _LaunchConfig(ctypes.Structure):
+    _fields_ = [("gridDimX", ctypes.c_uint), ("gridDimY", ctypes.c_uint), ("gridDimZ", ctypes.c_uint),
+                ("blockDimX", ctypes.c_uint), ("blockDimY", ctypes.c_uint), ("blockDimZ", ctypes.c_uint),
+                ("sharedMemBytes", ctypes.c_uint), ("hStream", ctypes.c_void_p),
+                ("attrs", ctypes.POINTER(_LaunchAttr)), ("numAttrs", ctypes.c_uint)]
+
+
+_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION = 6     # CUlaunchAttributeID (cuda.h)
+_libcuda = None
+
+
+def launch_programmatic(fn, grid, block: int, smem: int, arg_ptr: int, stream_ptr: int,
+                        programmatic: bool) -> None:
+    """Launch `fn(void* const* bufs)`; programmatic: its CTAs may start once every CTA of the
+    stream's previous kernel has executed griddepcontrol.launch_dependents (or exited)."""
+    global _libcuda
+    if _libcuda is None:
+        try:
+            _libcuda = ctypes.CDLL("libcuda.so.1")
+            _libcuda.cuLaunchKernelEx.restype = ctypes.c_int
+        except (OSError, AttributeError) as e:
+            raise PipelineError(f"tilesync needs cuLaunchKernelEx (CUDA driver >= 12.0): {e}") from e
+    g = tuple(grid) + (1,) * (3 - len(grid))
+    attr = _LaunchAttr(id=_ATTR_PROGRAMMATIC_STREAM_SERIALIZATION)
+    attr.value[0] = 1
+    cfg = _LaunchConfig(g[0], g[1], g[2], block, 1, 1, smem, ctypes.c_void_p(stream_ptr),
+                        ctypes.pointer(attr) if programmatic else None, 1 if programmatic else 0)
+    arg = ctypes.c_uint64(arg_ptr)
+    params = (ctypes.c_void_p * 1)(ctypes.cast(ctypes.pointer(arg), ctypes.c_void_p))
+    rc = _libcuda.cuLaunchKernelEx(ctypes.byref(cfg), ctypes.c_void_p(fn.kernel.ptr), params, None)
+    if rc != 0:
+        raise PipelineError(f"cuLaunchKernelEx failed with CUresult {rc} (kernel grid {g}, {smem} B smem)")
+
+
+def level_order(groups: list[Group]) -> list[Group]:
+    """Groups sorted (stably) by dependency depth: the kernels of a concurrent level adjacent."""
+    depth: dict[str, int] = {}
+    writer: dict[str, str] = {}
+    for g in groups:
+        depth[g.name] = 1 + max((depth[writer[t]] for t in g.reads() if t in writer), default=-1)
+        for t in g.stores:
+            writer[t] = g.name
+    return sorted(groups, key=lambda g: depth[g.name])
+
+
+class TilesyncVariant(StandaloneVariant):
+    """A tilesync region (kernels overlap tile by tile: a consumer tile starts once the rows it
+    reads are written, on the SMs the producer's last wave leaves) or a concurrent region
+    (independent kernels of a level run side by side; a kernel waits for its producers to
+    finish). Programmatic dependent launches with flag hand-offs (tilesync.py), as a CUDA graph."""
+
+    def __init__(self, name, reg, tensors, info, groups: list[Group], strategy: str,
+                 graph: bool = True, timeout_s: float = 1.0, plant_deadlock: bool = False,
+                 probe: str = ""):
+        super().__init__(name, reg, tensors, info, groups, graph=graph, prefix="ts")
+        self.strategy = strategy
+        self.plant_deadlock = plant_deadlock
+        self.probe = probe
+        self.programmatic = True    # False: plain stream order (under ncu's range replay)
+        self.timeout_ns = int(timeout_s * 1e9)
+
+    def build(self):
+        bt = codegen.BufTable()
+        tiles = {g.name: codegen.choose_gemm_tile(g, self.info.sm_count) for g in self.groups
+                 if g.kind == "gemm"}
+        self.sync = plan_sync(self.groups, self.strategy, tiles, self.timeout_ns, self.probe)
+        if self.plant_deadlock:     # (tests) waiters need one tile more than a producer finishes
+            for gs in self.sync.groups.values():
+                if gs.waits:
+                    gs.waits[0][0].per_unit += 1
+                    gs.waits[0][0].total += gs.waits[0][0].units
+                    break
+        self._groups = self.groups
+        self.source, self._launches, self._ws = codegen.standalone_source(
+            self.reg, self.groups, bt, self.info.sm_count, self.prefix, sync=self.sync)
+        self._names = bt.names
+        return self.source
+
+    def prepare(self):
+        cp = _cp()
+        self.build()
+        self.private[SYNC_BUF] = cp.zeros((self.sync.words,), dtype=cp.uint32)
+        super().prepare()
+
+    def _launch_all(self):
+        cp = _cp()
+        stream = cp.cuda.get_current_stream()
+        flags = self.private[SYNC_BUF]
+        cp.cuda.runtime.memsetAsync(flags.data.ptr, 0, flags.nbytes, stream.ptr)
+        for i, (_, (fn, ln)) in enumerate(self.calls):
+            if self.programmatic:
+                launch_programmatic(fn, ln.grid, ln.block, ln.smem, self.table.data.ptr, stream.ptr, i > 0)
+            else:
+                fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
+
+    def kernel_times(self, stream, flush=None, runs: int = 5):
+        raise PipelineError("tilesync kernels overlap: there are no per-kernel times")
+
+    def after(self):
+        c = self.private[SYNC_BUF][:6].get()
+        if c[0]:
+            raise PipelineError(f"{self.strategy} hand-off timed out: {self.sync.describe(int(c[2]))} "
+                                f"(CTA {int(c[1])}, unit {int(c[3]) if int(c[3]) != 0xFFFFFFFF else 'all'}, "
+                                f"counter {int(c[5])}, needed {int(c[4])}) after {self.timeout_ns / 1e6:.0f} ms")
 
 
 class PipelineVariant(Variant):
@@ -439,6 +575,12 @@ def make_variants(reg: Region, plan_region: dict, tensors: Tensors, info: Device
         elif strategy in ("bsp", "fusion"):
             groups = bsp_groups(reg) if strategy == "bsp" else fusion_groups(reg)
             out.append(StandaloneVariant("plan", reg, tensors, info, groups, prefix="plan"))
+        elif strategy == "tilesync":
+            out.append(TilesyncVariant("plan", reg, tensors, info, fusion_groups(reg), "tilesync",
+                                       timeout_s=timeout_s))
+        elif strategy == "concurrent":
+            out.append(TilesyncVariant("plan", reg, tensors, info, level_order(bsp_groups(reg)),
+                                       "concurrent", timeout_s=timeout_s))
         else:
             v = StandaloneVariant("plan", reg, tensors, info, fusion_groups(reg), prefix="plan")
             v.notes.append(f"strategy {strategy!r} is not implemented by the harness: ran its kernel groups eagerly")
