@@ -4,7 +4,8 @@ imports pydantic, which the device machine lacks).
 
     here:    python bench/calibrate_device.py --precompile      # cubins into bench/.cubin_cache
     device:  python3 bench/calibrate_device.py --out $OUT [--smoke 'glob,...']
-    here:    python bench/calibrate_device.py --fit RAW.json    # -> hw_specs/h100-sxm*.calibrated.yaml
+    here:    python bench/calibrate_device.py --fit RAW.json [RAW2.json ...]   # -> hw_specs/h100-sxm*.calibrated.yaml
+             (several raws: each measured number is their median, calibrate.fit.merge_raw)
 
 Measurements (SI units) in calibration.raw.json:
   everything of kitsune_dse.calibrate.microbench.run_all(): HBM and L2 read bandwidth against
@@ -101,6 +102,11 @@ PIPE_DIAG = [
     ("row op", "softmax", (8192, 4096), 8, True),
     ("row op", "softmax", (8192, 4096), 68, True),
     ("row op", "softmax", (8192, 4096), 132, True),
+    # narrow rows (1024, 2048 columns: attention scores of 1024-2048 keys)
+    ("row op", "softmax", (65536, 1024), 68, True),
+    ("row op", "softmax", (65536, 1024), 132, True),
+    ("row op", "softmax", (32768, 2048), 68, True),
+    ("row op", "layernorm", (65536, 1024), 66, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
@@ -364,16 +370,18 @@ def l2_refit(raw: dict, p: float) -> dict:
             "rel_error_by_sms": {int(a): round(float(b), 3) for a, b in zip(S, rel)}}
 
 
-def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs") -> None:
-    """Here (pydantic): the two calibrated specs from one raw JSON."""
+def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs") -> None:
+    """Here (pydantic): the two calibrated specs from one raw JSON, or from the median of
+    several (calibrate.fit.merge_raw: repeated calibrations on the lent machine instances)."""
     import yaml
 
     from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_persistent_gemm,
                                            fit_persistent_rows, fit_saturating, fit_standalone_gemm,
-                                           fit_tile_handoff)
+                                           fit_tile_handoff, merge_raw)
     from kitsune_dse.hw import load_spec
     from kitsune_dse.hw.spec import spec_from_dict
-    raw = json.loads(raw_path.read_text())
+    raws = [json.loads(p.read_text()) for p in raw_paths]
+    raw = merge_raw(raws) if len(raws) > 1 else raws[0]
     check_finite(raw)
     spec = load_spec(base)
     fixed = sorted(r["time_s"] for r in raw.get("pipe_rows", [])
@@ -469,6 +477,7 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
         if sp is harness and row_rows:
             rf = fit_persistent_rows(spec_from_dict(data, name), row_rows)
             data["persistent_row_sm_stream_Bps"] = rf["sm_stream_Bps"]
+            data["persistent_row_item_fixed_s"] = rf["item_fixed_s"]
             cal["row_op_fit"] = rf
         probes = [r for r in raw.get("tilesync_probe_rows", []) if r.get("plain_s") and r.get("both_s")]
         if sp is harness and probes:
@@ -496,8 +505,8 @@ def fit(raw_path: Path, base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs"
     print("l2 refit:", json.dumps(l2))
     print("harness stage ew fit:", json.dumps(pipe_ew))
     dst = outdir / f"{base}.calibrated.raw.json"
-    if raw_path.resolve() != dst.resolve():
-        dst.write_text(raw_path.read_text())
+    if len(raw_paths) > 1 or raw_paths[0].resolve() != dst.resolve():
+        dst.write_text(json.dumps(raw, indent=1, default=str) + "\n")
 
 
 def main():
@@ -506,12 +515,13 @@ def main():
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--smoke", default="", help="comma-separated plan globs to check quickly after calibrating")
     ap.add_argument("--precompile", action="store_true")
-    ap.add_argument("--fit", default="", help="raw JSON to fit (here)")
+    ap.add_argument("--fit", nargs="*", default=[], help="raw JSON(s) to fit (here); several: "
+                    "their median (calibrate.fit.merge_raw)")
     a = ap.parse_args()
     if a.precompile:
         precompile()
     elif a.fit:
-        fit(Path(a.fit))
+        fit([Path(p) for p in a.fit])
     else:
         device(Path(a.out), a.runs, a.smoke)
 

@@ -146,3 +146,46 @@ def test_the_committed_harness_spec_carries_the_tile_handoff_fit():
     assert sp.tile_wait_s == pytest.approx(fit["tile_wait_s"])
     assert sp.tilesync_fixed_s == pytest.approx(fit["fixed_s"])
     assert 0 <= sp.tile_signal_s < 2e-6 and 0 <= sp.tile_wait_s < 2e-6
+
+
+def test_row_op_fit_recovers_the_constants_it_was_made_from():
+    from kitsune_dse.calibrate.fit import fit_persistent_rows, one_stage_time
+    base = load_spec("h100-sxm.calibrated")      # the fit runs on the calibrated HBM curve
+    truth = base.model_copy(update={"persistent_row_sm_stream_Bps": 60e9,
+                                    "persistent_row_item_fixed_s": 0.3e-6})
+    cases = [("layernorm", (4096, 4096), s) for s in (4, 16, 66, 132)] + [
+        ("softmax", (8192, 4096), 68), ("softmax", (65536, 1024), 68), ("softmax", (65536, 1024), 132),
+        ("softmax", (32768, 2048), 68), ("layernorm", (65536, 1024), 66)]
+    rows = [{"kind": k, "dims": d, "sms": s, "time_s": one_stage_time(truth, k, d, s)} for k, d, s in cases]
+    fit = fit_persistent_rows(base, rows)
+    assert fit["rms_rel_error"] < 2e-3
+    assert fit["sm_stream_Bps"] == pytest.approx(60e9, rel=0.02)
+    assert fit["item_fixed_s"] == pytest.approx(0.3e-6, rel=0.1)
+
+
+def test_narrow_rows_stream_at_half_the_rate():
+    """[65536, 1024] keeps 4 vectors per lane in flight, [8192, 4096] 8: the same bytes take
+    longer on the SMs that stream them (measured 170 against 66 us x 2 on 68 SMs)."""
+    from kitsune_dse.calibrate.fit import one_stage_time
+    sp = load_spec("h100-sxm").model_copy(update={"persistent_row_sm_stream_Bps": 20e9})
+    narrow = one_stage_time(sp, "softmax", (65536, 1024), 8)
+    wide = one_stage_time(sp, "softmax", (16384, 4096), 8)      # the same bytes
+    assert narrow == pytest.approx(2 * wide, rel=0.05)
+
+
+def test_merge_raw_takes_the_median_of_each_measurement():
+    from kitsune_dse.calibrate.fit import merge_raw
+    runs = [{"env": {"date": d}, "device": {"sm_count": 132}, "sync_latency_s": v,
+             "hbm_read": [[8, v * 10], [16, v * 20]],
+             "pipe_rows": [{"label": "sweep", "kind": "matmul", "dims": [64, 64, 64], "sms": 8,
+                            "time_s": v, "correct": True, "placement": {"x": v}}]
+             + ([{"label": "row op", "kind": "softmax", "dims": [8, 8], "sms": 4, "time_s": 7.0}]
+                if d == "c" else [])}
+            for d, v in (("a", 1.0), ("b", 3.0), ("c", 2.0))]
+    m = merge_raw(runs)
+    assert m["sync_latency_s"] == 2.0
+    assert m["hbm_read"] == [[8, 20.0], [16, 40.0]]
+    assert len(m["pipe_rows"]) == 2
+    assert m["pipe_rows"][0]["time_s"] == 2.0 and m["pipe_rows"][0]["correct"] is True
+    assert m["pipe_rows"][1]["time_s"] == 7.0                # measured in one run only
+    assert m["env"] == {"date": "a"} and m["merged_from"] == ["a", "b", "c"]

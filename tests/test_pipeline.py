@@ -172,15 +172,20 @@ def test_queue_spills_when_depth_times_slot_exceeds_usable_l2():
     ok = pipeline(r, H100, PipelineChoice((("op0",), ("op1",)), (66, 66), 1024, (2,)))
     assert ok.breakdown["queue_bytes"] == 2 * 16 * MiB <= L2_USABLE
     assert ok.breakdown["queue_spill_bytes"] == 0
-    assert (ok.dram_read_bytes, ok.dram_write_bytes) == (a, a)
+    # but while its 32 MiB of slots turn over once, 2 of the 8 units stream 64 MiB of x and y
+    # through the 50 MiB L2: LRU evicts each dirty slot before it is reused, so t1 is written
+    # back (128 MiB more writes); stage 1 still reads it from L2
+    assert (ok.dram_read_bytes, ok.dram_write_bytes) == (a, 2 * a)
+    assert ok.breakdown["queue_write_back_bytes"] == a
     sp = pipeline(r, H100, PipelineChoice((("op0",), ("op1",)), (66, 66), 1024, (4,)))
     frac = (4 * 16 * MiB - 37.5 * MiB) / (4 * 16 * MiB)               # 0.4140625 of the ring
     assert sp.breakdown["queue_bytes"] == 64 * MiB
     assert sp.breakdown["queue_spill_bytes"] == pytest.approx(frac * 16 * MiB * 8 * 2)
-    # the spilled share of t1 is written by stage 0 and read back by stage 1
+    # the spilled share of t1 is written by stage 0 and read back by stage 1; the rest is
+    # written back as well
     assert sp.dram_read_bytes == pytest.approx(a + frac * a)
-    assert sp.dram_write_bytes == pytest.approx(a + frac * a)
-    assert sp.dram_bytes - ok.dram_bytes == pytest.approx(sp.breakdown["queue_spill_bytes"])
+    assert sp.dram_write_bytes == pytest.approx(2 * a)
+    assert sp.dram_bytes - ok.dram_bytes == pytest.approx(frac * a)
     assert sp.l2_bytes == L2_USABLE
     assert sp.latency_s >= ok.latency_s
 
@@ -305,7 +310,8 @@ def test_reported_spill_equals_the_spill_traffic_charged():
     assert e.breakdown["queue_bytes"] == 96 * MiB
     cr, cw = r.compulsory_bytes()
     assert e.breakdown["weight_reread_bytes"] == 0
-    assert e.dram_bytes - cr - cw == pytest.approx(e.breakdown["queue_spill_bytes"])
+    assert e.dram_bytes - cr - cw == pytest.approx(e.breakdown["queue_spill_bytes"]
+                                                   + e.breakdown["queue_write_back_bytes"])
 
 
 def _three_gemms_on_x():
@@ -349,3 +355,16 @@ def test_resident_weights_leave_room_for_the_intra_stage_tiles():
     assert e.breakdown["weights_resident"] == [False]
     assert e.breakdown["weight_reread_bytes"] == 3 * MiB * (4 - 1)
     assert e.dram_bytes - e.breakdown["weight_reread_bytes"] <= bsp(r, hw).dram_bytes
+
+
+def test_ring_write_back_only_when_a_generation_overflows_l2():
+    """Small slots turning over quickly stay in L2 (their lines are overwritten while resident);
+    the same region on 1024-row units does not (the attention-head case: ncu saw the slots
+    written back)."""
+    r = Region.of(chain_graph(8192, 8192, ("relu", "relu")))
+    a = 8192 * 8192 * 2
+    small = pipeline(r, H100, PipelineChoice((("op0",), ("op1",)), (66, 66), 128, (8,)))
+    # 8 slots of 2 MiB; 8 of 64 units stream 256 MiB x 8 / 64 = 32 MiB: 48 MiB < 50 MiB
+    assert small.dram_write_bytes == a
+    big = pipeline(r, H100, PipelineChoice((("op0",), ("op1",)), (66, 66), 1024, (2,)))
+    assert big.dram_write_bytes == 2 * a

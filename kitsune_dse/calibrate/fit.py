@@ -6,6 +6,7 @@ report measures prediction, not memorisation.
 from __future__ import annotations
 
 import datetime as _dt
+import json
 import math
 
 import numpy as np
@@ -156,18 +157,23 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
 
 
 def fit_persistent_rows(spec: HwSpec, rows: list[dict]) -> dict:
-    """Fit the DRAM bytes per second one SM's persistent row-op step streams (rows: kind, dims
-    (rows, cols), sms, time_s) through the model (one_stage_time), least squares on the
-    relative error."""
+    """Fit a persistent row-op step (rows: kind, dims (rows, cols), sms, time_s) through the
+    model (one_stage_time), least squares on the relative error: the bytes per second one SM
+    streams and a fixed cost per item (a team's pass over a few rows; narrow rows make many)."""
     meas = np.array([r["time_s"] for r in rows], float)
 
+    def with_params(x):
+        return spec.model_copy(update={"persistent_row_sm_stream_Bps": float(x[0]) * 1e9,
+                                       "persistent_row_item_fixed_s": float(x[1]) * 1e-6})
+
     def resid(x):
-        sp = spec.model_copy(update={"persistent_row_sm_stream_Bps": float(x[0]) * 1e9})
+        sp = with_params(x)
         return np.array([one_stage_time(sp, r["kind"], r["dims"], r["sms"]) for r in rows]) / meas - 1
-    fit = least_squares(resid, [spec.hbm_per_sm_bandwidth_Bps / 1e9], bounds=([0.5], [1000.0]),
+    fit = least_squares(resid, [spec.hbm_per_sm_bandwidth_Bps / 1e9, 0.1], bounds=([0.5, 0.0], [1000.0, 50.0]),
                         diff_step=1e-3)
     rel = resid(fit.x)
-    return {"sm_stream_Bps": float(fit.x[0]) * 1e9, "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
+    return {"sm_stream_Bps": float(fit.x[0]) * 1e9, "item_fixed_s": float(fit.x[1]) * 1e-6,
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
             "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
                                   for r, e in zip(rows, rel)}}
@@ -256,3 +262,60 @@ def fit_tile_handoff(spec: HwSpec, rows: list[dict]) -> dict:
     return {"fixed_s": float(sol[0]), "tile_signal_s": float(sol[1]), "tile_wait_s": float(sol[2]),
             "busiest_sm_tiles": xs.tolist(), "signal_extra_s": sig.tolist(), "wait_extra_s": both.tolist(),
             "rms_s": float(np.sqrt(np.mean((pred - y) ** 2)))}
+
+
+def merge_raw(raws: list[dict]) -> dict:
+    """One raw calibration from several runs (on the machine instances the device lends, whose
+    rates differ by a few percent): every measured number is the median over the runs that
+    measured it. Cases are matched by their non-numeric fields (label, kind, dims, SM count,
+    ...); `[x, value]` curves by x; a case measured in one run only keeps its value. Device and
+    environment come from the first run; `merged_from` lists the runs' dates."""
+    def is_num(v):
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    def med(vals):
+        return float(np.median(vals))
+
+    def key_of(d: dict):    # what identifies a case: names, shapes, SM counts (not results)
+        return tuple((k, json.dumps(v)) for k, v in sorted(d.items())
+                     if (isinstance(v, (str, int, list)) and not isinstance(v, bool)
+                         and not k.endswith("error") and k != "resources"))
+
+    def merge(vals: list):
+        vals = [v for v in vals if v is not None]
+        if not vals:
+            return None
+        first = vals[0]
+        if is_num(first) and isinstance(first, float) and all(is_num(v) for v in vals):
+            return med(vals)
+        if isinstance(first, dict):
+            keys = list(dict.fromkeys(k for v in vals if isinstance(v, dict) for k in v))
+            return {k: merge([v.get(k) for v in vals if isinstance(v, dict)]) for k in keys}
+        if isinstance(first, list) and first and all(isinstance(x, list) and len(x) == 2 and is_num(x[1])
+                                                     for v in vals for x in v):
+            xs = list(dict.fromkeys(x[0] for v in vals for x in v))
+            return [[x, med([y for v in vals for xx, y in v if xx == x])] for x in xs]
+        if isinstance(first, list) and first and all(isinstance(x, dict) for v in vals for x in v):
+            groups: dict = {}
+            for v in vals:
+                for x in v:
+                    groups.setdefault(key_of(x), []).append(x)
+            out = []
+            for items in groups.values():
+                m = {}
+                for k in dict.fromkeys(k for it in items for k in it):
+                    got = [it[k] for it in items if k in it]
+                    if all(isinstance(g, bool) for g in got):
+                        m[k] = all(got)
+                    elif all(isinstance(g, float) for g in got):
+                        m[k] = med(got)
+                    else:
+                        m[k] = got[0]
+                out.append(m)
+            return out
+        return first
+    out = {k: merge([r.get(k) for r in raws]) for k in dict.fromkeys(k for r in raws for k in r)}
+    out["env"] = raws[0].get("env")
+    out["device"] = raws[0].get("device")
+    out["merged_from"] = [r.get("env", {}).get("date") for r in raws]
+    return out

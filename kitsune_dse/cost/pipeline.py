@@ -217,10 +217,32 @@ def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True, **rr)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
-    row_op = any(i.op_class is OpClass.ROW_REDUCTION for i in infos)
+    rows_ops = [o for o, i in zip(atom, infos) if i.op_class is OpClass.ROW_REDUCTION]
+    inflight_frac = 1.0
+    if rows_ops:
+        x = g.tensors[g.op(rows_ops[0]).inputs[0]]
+        inflight_frac = _row_vectors_per_lane(x.shape[-1] if x.shape else 1) / ROW_VPL_MAX
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
-                      row_op=row_op, **rr)
+                      row_op=bool(rows_ops), row_inflight=inflight_frac, **rr)
+
+
+def _ring_write_back(region: Region, plan: StagePlan, queue_bytes: float, l2_bytes: float) -> float:
+    """Fraction of the ring bytes written back to DRAM: 1 when a ring generation's L2 working
+    set (the slots plus the region's DRAM stream while they turn over once) exceeds the L2, so
+    that LRU evicts a dirty slot before the next generation overwrites it; else 0.
+    Measured (ncu): attention-head softmax | pv on 8192-row units (33.6 MB of slots, 42 MB
+    streamed per generation) wrote 120 MB more than its outputs; the same op on 128-row units
+    (16.8 MB of slots, 10 MB per generation) none."""
+    if queue_bytes <= 0 or len(plan.choice.stages) < 2:
+        return 0.0
+    g = region.graph
+    reads, writes = region.compulsory_bytes()
+    weights = sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items() if t in g.weights)
+    stream = max(0.0, reads - weights) + writes
+    units = max(1, plan.row_blocks * plan.slabs)
+    per_gen = stream * min(1.0, max(plan.choice.depths) * plan.slabs / units)
+    return 1.0 if queue_bytes + per_gen > l2_bytes else 0.0
 
 
 def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
@@ -236,6 +258,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     queue_bytes = ring_bytes(plan)
     budget = spec.l2_usable_bytes
     spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
+    wb_frac = _ring_write_back(region, plan, queue_bytes, spec.l2_bytes)
     # a stage's groups hand each unit's intermediates to each other through L2: reserve that
     # working set before pinning weights in what is left beside the queues
     subs = [Region.of(g, st) for st in c.stages]
@@ -263,7 +286,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
     out, shapes = [], []
-    tot_r = tot_w = reread = spill = 0.0
+    tot_r = tot_w = reread = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
     bm = pipe_tile(c.tile_rows)[0]
@@ -317,8 +340,11 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
                         else:                                      # written once, re-read by each
                             d_w += b
                     if any(x not in sub.op_set for x in cons):    # into an output queue
-                        d_w += spill_frac * b
+                        # the slots' dirty lines also go to DRAM when the stream evicts them
+                        # before the next generation overwrites them (their reads still hit L2)
+                        d_w += (spill_frac + (1 - spill_frac) * wb_frac) * b
                         spill += spill_frac * b
+                        write_back += (1 - spill_frac) * wb_frac * b
                         l2 += (1 - spill_frac) * b
             tot_r += d_r
             tot_w += d_w
@@ -338,6 +364,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
     return out, {"dram_read_bytes": tot_r, "dram_write_bytes": tot_w, "weight_reread_bytes": reread,
                  "queue_bytes": queue_bytes, "queue_spill_bytes": spill,
+                 "queue_write_back_bytes": write_back,
                  "weights_resident": resident, "stage_shapes": shapes}
 
 
@@ -348,6 +375,16 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
 # INTRA_RING_BYTES): the GPU harness imports no pydantic-backed module; a test checks they agree
 ROW_VPL_MAX = 8
 INTRA_RING_BYTES = 8 * 2**20      # cap of a ring between two steps of one stage (no plan queue)
+
+
+def _row_vectors_per_lane(cols: int) -> int:
+    """16-byte vectors each lane keeps in flight for a row of `cols` (validate/lower.py row_cfg:
+    the fewest warps per row that hold it in at most ROW_VPL_MAX vectors per lane)."""
+    for wpr in (1, 2, 4, 8):
+        v = -(-cols // (wpr * 256))
+        if v <= ROW_VPL_MAX:
+            return v
+    return ROW_VPL_MAX
 
 
 def _row_items(bm: int, cols: int) -> int:

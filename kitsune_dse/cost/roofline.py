@@ -43,6 +43,8 @@ class KernelWork:
     # pass (already in dram_read_bytes) over `rbs` runtime row-blocks of `items_per_rb` items;
     # the workers (ctas_per_sm per SM) share a pass among the row-blocks they hold at once
     row_op: bool = False           # reduces over rows (softmax, norms): a persistent step's own stream rate
+    row_inflight: float = 1.0      # a row-op step's loads in flight per lane over the runtime's most
+                                   # (narrow rows keep fewer bytes in flight: a lower stream rate)
     weight_pass_bytes: float = 0.0
     rbs: int = 1
     items_per_rb: int = 1
@@ -82,6 +84,8 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
+    if _streams_l2_bytes(work, spec):   # a row-op step's SMs move its ring bytes too
+        dram = np.maximum(dram, (dram_bytes + work.l2_bytes) / (used * _sm_stream(work, spec)))
     l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
     # a persistent step does not hide its DRAM stream under its math; its L2 reads are the
     # tile loads its calibrated rate already includes, so they only bound it
@@ -129,6 +133,12 @@ def _sms_streaming(work: KernelWork, s):
     return np.minimum(np.asarray(s, dtype=float), tiles)
 
 
+def _streams_l2_bytes(work: KernelWork, spec: HwSpec) -> bool:
+    """A persistent row-op step loads and stores every byte through its SMs at its calibrated
+    per-SM rate, ring (L2) bytes as well as DRAM ones (its rows are latency-bound passes)."""
+    return bool(work.persistent and work.row_op and work.l2_bytes and spec.persistent_row_sm_stream_Bps)
+
+
 def _sm_stream(work: KernelWork, spec: HwSpec) -> float | None:
     """A persistent GEMM or row-op step's DRAM stream per SM (calibrated apart: latency-bound
     tile loads, and rows read twice by a team's warps, well below a streaming kernel's)."""
@@ -136,7 +146,9 @@ def _sm_stream(work: KernelWork, spec: HwSpec) -> float | None:
         return None
     if _is_gemm(work):
         return spec.persistent_gemm_sm_stream_Bps
-    return spec.persistent_row_sm_stream_Bps if work.row_op else None
+    if work.row_op and spec.persistent_row_sm_stream_Bps:
+        return spec.persistent_row_sm_stream_Bps * work.row_inflight
+    return None
 
 
 def _smooth_min(lin: float, bmax: float, p: float) -> float:
@@ -163,6 +175,9 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_sm = _sm_stream(work, spec) or spec.hbm_per_sm_bandwidth_Bps
         bw = _smooth_min(used * per_sm, spec.hbm_bandwidth_Bps * cap, p)
         dram = (work.dram_bytes + float(weight_reread_bytes(work, s))) / bw
+    if _streams_l2_bytes(work, spec):
+        dram = max(dram, (work.dram_bytes + float(weight_reread_bytes(work, s)) + work.l2_bytes)
+                   / (used * _sm_stream(work, spec)))
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
@@ -194,7 +209,7 @@ def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
     persistent steps and standalone kernels are calibrated apart (a standalone kernel's two
     CTAs per SM hide much of it under each other's main loop)."""
     if not _is_gemm(work):
-        return 0.0
+        return spec.persistent_row_item_fixed_s if work.persistent and work.row_op else 0.0
     if work.persistent:    # a tile fed slab by slab (split_k queue) pays it once over its slabs
         return spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128) / max(1, work.split_k)
     return spec.gemm_standalone_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)

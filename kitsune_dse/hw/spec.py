@@ -125,6 +125,9 @@ class HwSpec(_Strict):
                                                 # cp.async loads; default hbm_per_sm_bandwidth_Bps)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
+    persistent_row_item_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # per item of a persistent row-op step (a team's
+                                                # pass over a few rows: its reductions' latency)
     tile_signal_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
                                                 # per tile on its SM: a tilesync producer counting
                                                 # a finished tile (fence + flag; default sync_latency_s)

@@ -78,6 +78,7 @@ def region_dict(idx: int, region: Region, strategy: str, est: Estimate, choice, 
                          "fill_s": b["fill_s"], "drain_s": b["drain_s"], "period_s": b["period_s"],
                          "bottleneck_stage": b["bottleneck_stage"],
                          "queue_bytes": b["queue_bytes"], "queue_spill_bytes": b["queue_spill_bytes"],
+                         "queue_write_back_bytes": b["queue_write_back_bytes"],
                          "weight_reread_bytes": b["weight_reread_bytes"]}
     return d
 
