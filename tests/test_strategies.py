@@ -265,7 +265,10 @@ def test_concurrent_gives_the_bigger_gemm_more_sms():
 def test_concurrent_on_a_chain_is_bsp():
     r = Region.of(mlp_graph(512, 4096, 16384))
     assert [len(lv) for lv in levels(r)] == [1, 1, 1, 1]
-    assert concurrent(r, H0).latency_s == pytest.approx(bsp(r, H0).latency_s, rel=1e-12)
+    # one kernel per level, back to back: bsp's launches, each kernel on the CTA tile / split-K
+    # best for it on all SMs (as tilesync's kernels), so never slower than bsp
+    c, b = concurrent(r, H0).latency_s, bsp(r, H0).latency_s
+    assert c <= b * (1 + 1e-12) and c >= 0.95 * b
 
 
 def test_concurrent_is_never_slower_than_running_the_level_back_to_back():

@@ -341,10 +341,12 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
                             d_w += b
                     if any(x not in sub.op_set for x in cons):    # into an output queue
                         # the slots' dirty lines also go to DRAM when the stream evicts them
-                        # before the next generation overwrites them (their reads still hit L2)
-                        d_w += (spill_frac + (1 - spill_frac) * wb_frac) * b
+                        # before the next generation overwrites them (their reads still hit L2);
+                        # a tensor that fits L2 whole is not (bsp keeps it there as well)
+                        wb = wb_frac if b > budget else 0.0
+                        d_w += (spill_frac + (1 - spill_frac) * wb) * b
                         spill += spill_frac * b
-                        write_back += (1 - spill_frac) * wb_frac * b
+                        write_back += (1 - spill_frac) * wb * b
                         l2 += (1 - spill_frac) * b
             tot_r += d_r
             tot_w += d_w

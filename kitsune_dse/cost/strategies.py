@@ -306,8 +306,11 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
         ws = [by_op[o] for o in lv if o in by_op]
         if not ws:
             continue
+        def alone(w):       # on all SMs, the variant best with its hand-offs (a min keeps it monotone)
+            return min(kernel_time(v, spec, S) + _handoff_s(v, spec, S, *hand[w.name])
+                       for v in variants[w.name])
         if len(ws) == 1:
-            t = kernel_time(ws[0], spec, S) + _handoff_s(ws[0], spec, S, *hand[ws[0].name])
+            t = alone(ws[0])
             split = [S]
         else:
             # each kernel on its share picks the tile and split-K that suit that share; every
@@ -320,7 +323,7 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
             t, split = split_sms(tabs, S)
             dram = sum(w.dram_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))
-            serial = (sum(kernel_time(w, spec, S) + _handoff_s(w, spec, S, *hand[w.name]) for w in ws)
+            serial = (sum(alone(w) for w in ws)
                       + (len(ws) - 1) * (spec.graph_launch_overhead_s + spec.kernel_fixed_s))
             if serial <= t:     # sharing does not pay: run the level back to back
                 t, split = serial, [S] * len(ws)
