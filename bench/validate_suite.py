@@ -388,14 +388,14 @@ def ncu_rows(names: list, res: list) -> list[dict]:
 def ncu_child(targets_path: str, order_path: str) -> None:
     import cupy as cp
 
+    from kitsune_dse.errors import KitsuneError
     from kitsune_dse.graph import load_model
-    from kitsune_dse.validate.harness import _fill_inputs, predicted_for, resolve_model_ref, whole_region
+    from kitsune_dse.validate.harness import predicted_for, resolve_model_ref, whole_region
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.measure import L2Flusher
+    from kitsune_dse.validate.ncu import profile_region
     from kitsune_dse.validate.plan import check_target, load_plan
-    from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant, gpu_info, make_variants
-    from kitsune_dse.errors import KitsuneError
+    from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flusher()
@@ -410,34 +410,13 @@ def ncu_child(targets_path: str, order_path: str) -> None:
                 reg = Region(graph, region, layouts=whole)
             except KitsuneError:
                 continue
-            tensors = Tensors(reg)
-            _fill_inputs(reg, tensors, input_roles(reg))
-            for v in make_variants(reg, region, tensors, info, 1.0, variants):
-                if isinstance(v, TilesyncVariant):
-                    # ncu's range replay does not take programmatic launches: the same kernels
-                    # and tiles in stream order (the DRAM bytes, not the overlap, are measured)
-                    v.programmatic, v.graph_mode = False, False
-                try:
-                    v.prepare()
-                    v.pre(False)
-                    v.run(stream)
-                    stream.synchronize()
-                    v.after()
-                except KitsuneError:
-                    continue
-                v.pre(False)
-                flush(stream)
-                stream.synchronize()
-                cp.cuda.runtime.profilerStart()
-                v.run(stream)
-                stream.synchronize()
-                cp.cuda.runtime.profilerStop()
+
+            def on_range(v, region=region, ri=ri, f=f, wname=wname, plan=plan):
                 prd = predicted_for(plan, region, v.name)
                 order.append([wname, Path(f).stem, region.get("id", ri), v.name,
                               {k: prd.get(k) for k in ("dram_read_bytes", "dram_write_bytes")}])
                 Path(order_path).write_text(json.dumps(order))
-            tensors.arrays.clear()
-            cp.get_default_memory_pool().free_all_blocks()
+            profile_region(reg, region, info, variants, stream, flush, on_range)
 
 
 def collect(src: Path) -> None:

@@ -79,16 +79,50 @@ def ncu_dram_bytes(plan: dict, retarget: bool = False, variants=None, timeout_s:
             for n, r in zip(names, res)}
 
 
+def profile_region(reg, region: dict, info, variants: list[str], stream, flush, on_range) -> None:
+    """Inside an ncu child: each variant of one region run once to check it, then once more in
+    its own profiler range on a flushed L2; on_range(variant) after each range. Tilesync and
+    concurrent kernels run in plain stream order (range replay takes no programmatic launches:
+    the same kernels and tiles, so the DRAM bytes are theirs)."""
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import _fill_inputs
+    from kitsune_dse.validate.reference import input_roles
+    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant, make_variants
+    tensors = Tensors(reg)
+    _fill_inputs(reg, tensors, input_roles(reg))
+    for v in make_variants(reg, region, tensors, info, 1.0, variants):
+        if isinstance(v, TilesyncVariant):
+            v.programmatic, v.graph_mode = False, False
+        try:
+            v.prepare()
+            v.pre(False)
+            v.run(stream)
+            stream.synchronize()
+            v.after()
+        except KitsuneError:
+            continue
+        v.pre(False)
+        flush(stream)
+        stream.synchronize()
+        cp.cuda.runtime.profilerStart()
+        v.run(stream)
+        stream.synchronize()
+        cp.cuda.runtime.profilerStop()
+        on_range(v)
+    tensors.arrays.clear()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
 def _child(plan_path: str, order_path: str, retarget: bool, variants: list[str]) -> None:
     import cupy as cp
 
     from kitsune_dse.graph import load_model
-    from kitsune_dse.validate.harness import _fill_inputs, resolve_model_ref
+    from kitsune_dse.validate.harness import resolve_model_ref
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.measure import L2Flusher
     from kitsune_dse.validate.plan import check_target
-    from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import Tensors, gpu_info, make_variants
+    from kitsune_dse.validate.runtime import gpu_info
 
     plan = json.loads(Path(plan_path).read_text())
     info, _ = gpu_info()
@@ -98,29 +132,10 @@ def _child(plan_path: str, order_path: str, retarget: bool, variants: list[str])
     flush = L2Flusher()
     order = []
     stream.__enter__()   # fills and launches in one stream order
+    want = [v for v in (variants or None) or ["plan", "bsp-eager", "fusion", "cublas"] if not v.endswith("-graph")]
     for ri, region in enumerate(plan["regions"]):
-        reg = Region(graph, region)
-        tensors = Tensors(reg)
-        roles = input_roles(reg)
-        _fill_inputs(reg, tensors, roles)
-        want = [v for v in (variants or None) or ["plan", "bsp-eager", "fusion", "cublas"] if not v.endswith("-graph")]
-        for v in make_variants(reg, region, tensors, info, 1.0, want):
-            try:
-                v.prepare()
-                v.pre(False)
-                v.run(stream)
-                stream.synchronize()
-                v.after()
-            except KitsuneError:
-                continue
-            v.pre(False)
-            flush(stream)
-            stream.synchronize()
-            cp.cuda.runtime.profilerStart()
-            v.run(stream)
-            stream.synchronize()
-            cp.cuda.runtime.profilerStop()
-            order.append([region.get("id", ri), v.name])
+        profile_region(Region(graph, region), region, info, want, stream, flush,
+                       lambda v, rid=region.get("id", ri): order.append([rid, v.name]))
     Path(order_path).write_text(json.dumps(order))
 
 
