@@ -178,6 +178,22 @@ def test_chunked_fallback_equals_the_reference_loop(case):
 
 @settings(max_examples=examples(100), deadline=None)
 @given(tandem())
+def test_tile_by_tile_chunks_equal_the_numpy_chunks_bit_for_bit(case):
+    # short chunks run in plain floats: the same operations in the same order
+    from kitsune_dse.cost import queues
+    t, depth, sync = case
+    fast = simulate(t, depth, sync, max_sweeps=0).departures
+    keep = queues.SCALAR_CHUNK_MAX
+    try:
+        queues.SCALAR_CHUNK_MAX = 0
+        slow = simulate(t, depth, sync, max_sweeps=0).departures
+    finally:
+        queues.SCALAR_CHUNK_MAX = keep
+    assert fast.tobytes() == slow.tobytes()
+
+
+@settings(max_examples=examples(100), deadline=None)
+@given(tandem())
 def test_invariants_occupancy_stall_and_causality(case):
     t, depth, sync = case
     J, N = t.shape

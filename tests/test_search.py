@@ -388,3 +388,20 @@ def test_closed_form_pacing_matches_the_queue_simulation():
         P = max([T.max()] + [(T[q + 1] + 2 * sync) / d[q] for q in range(J - 1)])
         closed = T.sum() + (J - 1) * sync + (N - 1) * P
         assert 0.99 * closed <= sim <= closed * (1 + 1e-12)
+
+
+def test_maximal_depth_vectors_equal_the_pairwise_dominance_test():
+    # raising one depth a level is enough to find every dominated vector (fit is downward closed)
+    import itertools
+    import random
+    from kitsune_dse.search.solver import QUEUE_DEPTHS, _maximal_depths
+    rng = random.Random(7)
+    for _ in range(500):
+        J = rng.randint(1, 4)
+        slots = tuple(rng.choice([0, 1, 64, 1000, rng.randint(0, 5000)]) for _ in range(J - 1))
+        budget = rng.choice([-1, 0, 100, rng.randint(0, 60000)])
+        fit = [dv for dv in itertools.product(QUEUE_DEPTHS, repeat=J - 1)
+               if sum(d * s for d, s in zip(dv, slots)) <= budget]
+        pairwise = tuple(dv for dv in fit if not any(
+            o != dv and all(a >= b for a, b in zip(o, dv)) for o in fit))
+        assert _maximal_depths(J, slots, budget) == pairwise

@@ -90,3 +90,59 @@ def test_the_models_runtime_constants_equal_the_runtimes():
         wpr, cache, vpl = runtime.row_cfg(cols)
         if cache:
             assert model._row_vectors_per_lane(cols) == vpl, cols
+
+
+def _dense_schedule(shape, tau, workers, sync_s):
+    """The schedule replayed over every worker of every SM count (the plain form of
+    stage_sim._simulate's replay, which touches only the workers with items)."""
+    K, Rs = len(shape.items), min(max(1, shape.row_blocks), 16)
+    n_s, W = len(workers), int(workers.max())
+    c = np.arange(W)[None, :]
+    Wc = workers[:, None]
+    free = np.zeros((n_s, W))
+    done = np.zeros((Rs, K, n_s))
+    look = max(1, int(shape.lookahead))
+    for rb in range(Rs):
+        for k, n in enumerate(shape.items):
+            i0 = c - ((rb * n) % workers)[:, None]
+            i0 += Wc * (i0 < 0)
+            active = (c < Wc) & (i0 < n)
+            cnt = active * ((n - 1 - i0) // Wc + 1)
+            ready = np.zeros(n_s)
+            if k > 0:
+                ready = done[rb, k - 1] + sync_s
+            elif rb >= look:
+                ready = done[rb - look, K - 1] + sync_s
+            slots = shape.slots[k]
+            if slots and k + 1 < K and rb >= slots:
+                ready = np.maximum(ready, done[rb - slots, k + 1] + sync_s)
+            end = np.maximum(free, ready[:, None]) + cnt * tau[k][:, None]
+            free = np.where(active, end, free)
+            done[rb, k] = np.max(np.where(active, end, -np.inf), axis=1)
+    return done
+
+
+@settings(max_examples=60, deadline=None)
+@given(items=st.lists(st.integers(1, 300), min_size=1, max_size=5), rbs=st.integers(1, 40),
+       workers=st.lists(st.integers(1, 280), min_size=1, max_size=6), look=st.integers(1, 20),
+       slots=st.lists(st.integers(0, 4), min_size=5, max_size=5), seed=st.integers(0, 99),
+       sync=st.sampled_from([0.0, 1e-6, 3.7e-7]))
+def test_the_sparse_replay_equals_the_dense_one_bit_for_bit(items, rbs, workers, look, slots,
+                                                            seed, sync):
+    # only the workers holding items are replayed: every finish time must stay the same double
+    from kitsune_dse.cost import stage_sim
+    K = len(items)
+    shape = StageShape(tuple(items), rbs, look, tuple(slots[:K]))
+    w = np.array(workers, dtype=np.int64)
+    tau = np.random.default_rng(seed).uniform(1e-7, 1e-4, (K, len(w)))
+    done = _dense_schedule(shape, tau, w, sync)
+    Rs = done.shape[0]
+    ends = np.maximum.accumulate(done.max(axis=1), axis=0)
+    got = stage_sim._simulate(shape, tau, w, sync)
+    if rbs == Rs:
+        assert got.tobytes() == ends[-1].tobytes()
+    else:       # the extrapolated period starts from the same simulated ends
+        half = Rs // 2
+        work = (np.asarray(items, float)[:, None] * tau).sum(axis=0) / w
+        period = np.maximum((ends[-1] - ends[half - 1]) / (Rs - half), work)
+        assert got.tobytes() == (ends[-1] + (rbs - Rs) * period).tobytes()

@@ -79,31 +79,7 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     # split_sms gives each stage the fewest SMs that meet the bottleneck time; then improve the
     # closed-form makespan sum(t) + (units - 1) * max(t): hand out leftover SMs and move SMs
     # between stages while that helps (the queue model re-times the result exactly)
-    units = plan.row_blocks * plan.slabs
-
-    def cost(sp):
-        ts = [tab[k][sp[k]] for k in range(J)]
-        return sum(ts) + (units - 1) * max(ts)
-
-    split = list(split)
-    best = cost(split)
-    for _ in range(4 * total // step + 8):
-        moves = []
-        if sum(split) + step <= total:
-            moves += [(j, None) for j in range(J)]
-        moves += [(j, i) for j in range(J) for i in range(J) if i != j and split[i] - step >= step]
-        trial = None
-        for j, i in moves:
-            sp = list(split)
-            sp[j] += step
-            if i is not None:
-                sp[i] -= step
-            c = cost(sp)
-            if c < best * (1 - 1e-12) and (trial is None or c < trial[0]):
-                trial = (c, sp)
-        if trial is None:
-            break
-        best, split = trial
+    split = _tune_split(tab.tolist(), split, total, step, plan.row_blocks * plan.slabs)
     # the closed form ignores DRAM sharing and tile re-picks: check against an even split with
     # the exact model and keep the better
     tuned = PipelineChoice(choice.stages, tuple(split), choice.tile_rows, choice.depths, choice.modes)
@@ -115,6 +91,51 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
         if e2.latency_s < est.latency_s:
             tuned, est = even, e2
     return tuned, est
+
+
+def _tune_split(rows: list[list[float]], split, total: int, step: int, units: int) -> list[int]:
+    """Hand out leftover SMs and move SMs between stages, one step at a time, while the closed-
+    form makespan sum(t) + (units - 1) * max(t) improves (rows[k][s]: stage k's time on s
+    SMs); each round takes the best move (the first of equals): growing stage j, then moving
+    a step from stage i to stage j, j and i in order."""
+    J = len(split)
+    w = units - 1
+
+    def cost(ts):
+        acc = 0
+        for x in ts:        # one by one in order, as sum() adds NumPy values (never compensated)
+            acc = acc + x
+        return acc + w * max(ts)
+
+    split = list(split)
+    best = cost([rows[k][split[k]] for k in range(J)])
+    for _ in range(4 * total // step + 8):
+        cur = [rows[k][split[k]] for k in range(J)]
+        bar = best * (1 - 1e-12)
+        trial = None
+        if sum(split) + step <= total:
+            for j in range(J):
+                ts = cur.copy()
+                ts[j] = rows[j][split[j] + step]
+                c = cost(ts)
+                if c < bar and (trial is None or c < trial[0]):
+                    trial = (c, j, None)
+        for j in range(J):
+            for i in range(J):
+                if i != j and split[i] - step >= step:
+                    ts = cur.copy()
+                    ts[j] = rows[j][split[j] + step]
+                    ts[i] = rows[i][split[i] - step]
+                    c = cost(ts)
+                    if c < bar and (trial is None or c < trial[0]):
+                        trial = (c, j, i)
+        if trial is None:
+            break
+        best, j, i = trial
+        split[j] += step
+        if i is not None:
+            split[i] -= step
+    return split
 
 
 def _even_split(total: int, parts: int, step: int) -> list[int]:

@@ -16,16 +16,16 @@ stage sees every weight again for every row-block it processes).
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import MEM_TILE_BYTES, KernelWork, gemm_tiles, weight_reread_bytes
-from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape
-from kitsune_dse.cost.stage_sim import makespan as stage_makespan
+from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_time  # noqa: F401
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
@@ -68,8 +68,33 @@ def _stage_of(choice: PipelineChoice) -> dict[str, int]:
 
 
 def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePlan:
-    """Check a pipeline choice and derive its queues; InfeasibleError names stage and resource."""
+    """Check a pipeline choice and derive its queues; InfeasibleError names stage and resource.
+    Nothing derived depends on the SM counts: a choice checked before at other SM counts only
+    has those checked again (the search re-plans one cut at many SM splits)."""
     c = choice.normalized()
+    key = (region, c.stages, c.tile_rows, c.depths, c.modes)
+    memo = table(spec, "plan_stages")
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _plan_stages(region, spec, c)
+        return hit
+    _check_sms(c, spec)
+    return replace(hit, choice=c, notes={})
+
+
+def _check_sms(c: PipelineChoice, spec: HwSpec) -> None:
+    J = len(c.stages)
+    if len(c.sms) != J:
+        raise InfeasibleError(f"{J} stages but {len(c.sms)} SM counts")
+    for j, s in enumerate(c.sms):
+        if s < 1:
+            raise InfeasibleError(f"stage {j} ({'+'.join(c.stages[j])}) has {s} SMs; it needs at least 1")
+    if sum(c.sms) > spec.sm_count:
+        raise InfeasibleError(f"stages use {sum(c.sms)} SMs ({'/'.join(map(str, c.sms))}) but "
+                              f"{spec.name} has {spec.sm_count}")
+
+
+def _plan_stages(region: Region, spec: HwSpec, c: PipelineChoice) -> StagePlan:
     g = region.graph
     J = len(c.stages)
     where = _stage_of(c)
@@ -84,14 +109,7 @@ def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePl
                               + "; ".join(x for x in (f"missing {missing}" if missing else "",
                                                       f"not in region {extra}" if extra else "",
                                                       f"in two stages {dup}" if dup else "") if x))
-    if len(c.sms) != J:
-        raise InfeasibleError(f"{J} stages but {len(c.sms)} SM counts")
-    for j, s in enumerate(c.sms):
-        if s < 1:
-            raise InfeasibleError(f"stage {j} ({'+'.join(c.stages[j])}) has {s} SMs; it needs at least 1")
-    if sum(c.sms) > spec.sm_count:
-        raise InfeasibleError(f"stages use {sum(c.sms)} SMs ({'/'.join(map(str, c.sms))}) but "
-                              f"{spec.name} has {spec.sm_count}")
+    _check_sms(c, spec)
     if len(c.depths) != J - 1 or any(d < 1 for d in c.depths):
         raise InfeasibleError(f"{J - 1} queues need depths >= 1, got {list(c.depths)}")
     if c.tile_rows < 1:
@@ -192,7 +210,7 @@ def pipe_tile(tile_rows: int) -> tuple[int, int]:
     return (64 if tile_rows <= 64 else 128, PIPE_TILE_COLS)
 
 
-def _atom_work(region: Region, spec: HwSpec, atom, sms, units, d_r, d_w, l2,
+def _atom_work(region: Region, atom, units, d_r, d_w, l2,
                k_streamed: bool = False, row_blocks: int = 1, inflight: int = 1,
                tile_rows: int = 128, slabs: int = 1, reread: dict | None = None) -> KernelWork:
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
@@ -248,11 +266,58 @@ def _ring_write_back(region: Region, plan: StagePlan, queue_bytes: float, l2_byt
 def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     """Per stage, the KernelWork of each of its fused groups for one hand-off unit (a
     row-block, or one slab of it): a stage runs its groups one after another on every unit.
-    Also the region's DRAM totals (read, write, weight re-reads, queue spill)."""
+    Also the region's DRAM totals (read, write, weight re-reads, queue spill).
+    Only the weight re-reads depend on the SMs (`sms`, default the plan's): the rest is
+    memoised per plan without them (the search re-times one plan at many SM splits)."""
+    sms = plan.choice.sms if sms is None else sms
+    core = _stage_works_core(region, spec, plan)
+    units = plan.row_blocks * plan.slabs
+    # the read total is summed in the order the groups were costed, re-reads at their place
+    tot_r = reread = 0.0
+    for x in core.read_terms:
+        if isinstance(x, float):
+            tot_r += x
+        else:
+            j, work = x
+            extra = float(weight_reread_bytes(work, sms[j])) * units / work.inflight
+            reread += extra
+            tot_r += extra
+    return [list(w) for w in core.works], {
+        "dram_read_bytes": tot_r, "dram_write_bytes": core.write_bytes,
+        "weight_reread_bytes": reread, "queue_bytes": core.queue_bytes,
+        "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
+        "weights_resident": list(core.resident), "stage_shapes": list(core.shapes)}
+
+
+@dataclass(frozen=True)
+class _StageWorks:
+    """What stage_works derives from a plan without its SM counts."""
+    works: tuple[tuple[KernelWork, ...], ...]
+    shapes: tuple[StageShape | None, ...]
+    read_terms: tuple          # DRAM read bytes per group, in order; (stage, work) = its re-reads
+    write_bytes: float
+    queue_bytes: float
+    spill_bytes: float
+    write_back_bytes: float
+    resident: tuple[bool, ...]
+
+
+def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
+    c = plan.choice
+    key = (region, c.stages, c.tile_rows, c.depths, c.modes, plan.stream_rows, plan.row_blocks,
+           plan.slabs, plan.queue_tensors, plan.slot_bytes, plan.stage_weights,
+           plan.stage_inputs, plan.stage_outputs)
+    memo = table(spec, "stage_works")
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _derive_stage_works(region, spec, plan)
+    return hit
+
+
+def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
     from kitsune_dse.cost.strategies import fusion_groups
     g = region.graph
     c = plan.choice
-    sms = c.sms if sms is None else sms
     N, slabs = plan.row_blocks, plan.slabs
     units = N * slabs
     queue_bytes = ring_bytes(plan)
@@ -285,8 +350,8 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         if j < J - 1:
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
-    out, shapes = [], []
-    tot_r = tot_w = reread = spill = write_back = 0.0
+    out, shapes, read_terms = [], [], []
+    tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
     bm = pipe_tile(c.tile_rows)[0]
@@ -348,26 +413,22 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
                         spill += spill_frac * b
                         write_back += (1 - spill_frac) * wb * b
                         l2 += (1 - spill_frac) * b
-            tot_r += d_r
+            read_terms.append(d_r)
             tot_w += d_w
             k_streamed = (k == 0 and j > 0 and plan.slabs > 1 and c.modes[j - 1] == "split_k")
             # a stage of several steps is timed worker by worker (stage_sim) on one unit's work
             k_inf = inflight[j] if len(atoms) == 1 else 1
             reread_info = {"weight_pass_bytes": w_pass, "rbs": rbs, "items_per_rb": stage_items,
                            "rbs_at_once_max": at_once} if w_pass else None
-            work = _atom_work(region, spec, atom, sms[j], units, d_r, d_w, l2, k_streamed, N,
+            work = _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
                               k_inf, c.tile_rows, slabs, reread_info)
             if w_pass:
-                extra = float(weight_reread_bytes(work, sms[j])) * units / work.inflight
-                reread += extra
-                tot_r += extra
+                read_terms.append((j, work))
             works.append(work)
-        out.append(works)
+        out.append(tuple(works))
         shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
-    return out, {"dram_read_bytes": tot_r, "dram_write_bytes": tot_w, "weight_reread_bytes": reread,
-                 "queue_bytes": queue_bytes, "queue_spill_bytes": spill,
-                 "queue_write_back_bytes": write_back,
-                 "weights_resident": resident, "stage_shapes": shapes}
+    return _StageWorks(tuple(out), tuple(shapes), tuple(read_terms), tot_w, queue_bytes, spill,
+                       write_back, tuple(resident))
 
 
 # The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
@@ -428,48 +489,6 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
     return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit)
 
 
-def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None = None):
-    """One hand-off unit through a stage (scalar or array of SM counts). One step: its work on
-    the units its rings admit at once. Several steps (`shape`): the worker-by-worker schedule of
-    all the stage's row-blocks (stage_sim), per unit."""
-    from kitsune_dse.cost.roofline import busiest_sm_tiles, kernel_time
-    if shape is None or len(works) == 1:
-        return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
-                + (len(works) - 1) * spec.sync_latency_s)
-    s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
-    # the schedule is replayed at a fixed grid of SM counts (every SM_GRID_STEP and the chip's
-    # total) and interpolated log-log in between, so a table and a single SM count agree
-    grid = sim_grid(spec.sm_count)
-    tau = []
-    for w, n in zip(works, shape.items):
-        # one runtime row-block of the step on the stage's SMs: rounds of one item per SM; a
-        # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM
-        rb = w.scaled(1.0 / shape.rb_per_unit, tiles=n)
-        tau.append(TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid))
-    span = stage_makespan(shape, np.vstack(tau), TEAMS_PER_SM * grid.astype(np.int64),
-                          spec.sync_latency_s)
-    span = np.exp(np.interp(np.log(np.minimum(s, grid[-1])), np.log(grid), np.log(span)))
-    units = shape.row_blocks / shape.rb_per_unit
-    # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
-    # bandwidth of all the row-blocks in flight)
-    U = max(1, round(units))
-    bound = sum(kernel_time(w.scaled(U, tiles=w.tiles * U), spec, s) for w in works) / U
-    out = np.maximum(span / max(units, 1e-9), bound)
-    return out if np.ndim(sms) else float(out[0])
-
-
-SM_GRID_STEP = 8
-
-
-def sim_grid(sm_count: int) -> np.ndarray:
-    """Fixed points (1, 2, 4, every SM_GRID_STEP) up to the first at or past the chip's SM
-    count: a given SM count interpolates between the same points on any chip, so a chip with
-    more SMs never re-prices a stage it could already run."""
-    top = -(-sm_count // SM_GRID_STEP) * SM_GRID_STEP
-    pts = {1, 2, 4} | set(range(SM_GRID_STEP, top + 1, SM_GRID_STEP))
-    return np.array(sorted(p for p in pts if p <= max(top, 4)), dtype=float)
-
-
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     plan = plan_stages(region, spec, choice)
     c = plan.choice
@@ -477,8 +496,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     units = plan.row_blocks * plan.slabs
     t = np.array([stage_unit_time(w, spec, s, sh)
                   for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
-    sim = simulate(np.repeat(t[:, None], units, axis=1), [d * plan.slabs for d in c.depths],
-                   spec.sync_latency_s)
+    sim = _tandem(t, units, tuple(d * plan.slabs for d in c.depths), spec)
     used = sum(c.sms)
     dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
     bw_bound = dram / spec.hbm_bandwidth_from(used)
@@ -486,8 +504,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
         # the stages share one DRAM: when together they ask for more than the chip delivers,
         # every stage slows by the same factor (keeps the per-tile timeline consistent)
         t = t * (bw_bound / sim.makespan_s)
-        sim = simulate(np.repeat(t[:, None], units, axis=1), [d * plan.slabs for d in c.depths],
-                       spec.sync_latency_s)
+        sim = _tandem(t, units, tuple(d * plan.slabs for d in c.depths), spec)
     latency = max(sim.makespan_s, bw_bound) + spec.persistent_launch_cost_s
     busy = float(sum(t[j] * units * c.sms[j] for j in range(len(t))))
     return Estimate(
@@ -507,6 +524,18 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
                    "queue_tensors": [list(q) for q in plan.queue_tensors],
                    **{k: v for k, v in totals.items() if k not in ("dram_read_bytes", "dram_write_bytes")}},
     ).check()
+
+
+def _tandem(t: np.ndarray, units: int, depths: tuple[int, ...], spec: HwSpec):
+    """queues.simulate of `units` equal tiles per stage (per-tile times t), memoised: plans of
+    different cuts or tiles often end up with the same stage times (the result is read only)."""
+    key = (t.tobytes(), units, depths)
+    memo = table(spec, "tandem")
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = simulate(np.repeat(t[:, None], units, axis=1), list(depths),
+                                   spec.sync_latency_s)
+    return hit
 
 
 def stage_time_table(region: Region, spec: HwSpec, plan: StagePlan) -> np.ndarray:

@@ -31,9 +31,9 @@ class QueueResult:
     max_occupancy: np.ndarray       # per queue
 
 
-def _stage_pass(t, arrive, block):
-    """D[n] = max(max(arrive[n], D[n-1]) + t[n], block[n]) in closed form."""
-    c = np.cumsum(t)
+def _stage_pass(t, arrive, block, c=None):
+    """D[n] = max(max(arrive[n], D[n-1]) + t[n], block[n]) in closed form (c: cumsum(t))."""
+    c = np.cumsum(t) if c is None else c
     e = np.maximum(arrive + t, block)
     return c + np.maximum.accumulate(e - c)
 
@@ -51,15 +51,26 @@ def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8) -
         raise ValueError("queue depths must be >= 1")
     arrive0 = np.zeros(N) if release is None else np.asarray(release, dtype=float)
     neg = np.full(N, -np.inf)
+    C = [np.cumsum(t[j]) for j in range(J)]
     D = np.zeros((J, N))
     # first pass: no blocking
     for j in range(J):
         arr = arrive0 if j == 0 else D[j - 1] + sync_s
-        D[j] = _stage_pass(t[j], arr, neg)
+        D[j] = _stage_pass(t[j], arr, neg, C[j])
+    # a pass over stage j depends only on its neighbours' departures: with finite inputs it
+    # gives the same D[j] again when neither changed since its last pass, so it is skipped
+    # (NaN never equals itself: without that guarantee every stage is passed every sweep)
+    finite = bool(np.isfinite(t).all() and np.isfinite(arrive0).all() and np.isfinite(sync_s))
+    version = [0] * J
+    used = [(0, -1) if j < J - 1 else (0, 0) for j in range(J)]
     converged = False
     for _ in range(max_sweeps):
         changed = False
         for j in range(J):
+            dep = (version[j - 1] if j > 0 else 0, version[j + 1] if j < J - 1 else 0)
+            if finite and dep == used[j]:
+                continue
+            used[j] = dep
             arr = arrive0 if j == 0 else D[j - 1] + sync_s
             if j < J - 1:
                 blk = neg.copy()
@@ -68,10 +79,11 @@ def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8) -
                     blk[bj:] = D[j + 1][: N - bj] + sync_s
             else:
                 blk = neg
-            new = _stage_pass(t[j], arr, blk)
+            new = _stage_pass(t[j], arr, blk, C[j])
             if not np.array_equal(new, D[j]):
                 changed = True
                 D[j] = new
+                version[j] += 1
         if not changed:
             converged = True
             break
@@ -103,11 +115,17 @@ def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8) -
                        np.maximum(stall, 0.0), mean_occ, max_occ)
 
 
+SCALAR_CHUNK_MAX = 8     # chunks this short are evaluated tile by tile in plain floats
+
+
 def _chunked(t, b, sync_s, arrive0):
     """Exact evaluation in chunks of min(b) tiles: inside a chunk the blocking terms refer only
     to earlier chunks, so each stage is one closed-form pass over the chunk."""
     J, N = t.shape
     m = int(b.min()) if b.size else N
+    if (m <= SCALAR_CHUNK_MAX and np.isfinite(t).all() and np.isfinite(arrive0).all()
+            and np.isfinite(sync_s)):
+        return _chunked_scalar(t, b, sync_s, arrive0, m)
     D = np.empty((J, N))
     for n0 in range(0, N, m):
         n1 = min(N, n0 + m)
@@ -127,6 +145,38 @@ def _chunked(t, b, sync_s, arrive0):
             c = np.cumsum(tt)
             D[j, n0:n1] = c + np.maximum.accumulate(e - c)
     return D
+
+
+def _chunked_scalar(t, b, sync_s, arrive0, m: int):
+    """_chunked for short chunks: the same operations in the same order on plain floats (IEEE
+    doubles either way, so bit for bit the same departures), without NumPy's per-call cost,
+    which dominates on chunks of a tile or two (depth-1 queues over thousands of tiles)."""
+    J, N = t.shape
+    tl, a0, bl = t.tolist(), arrive0.tolist(), b.tolist()
+    sync_s = float(sync_s)
+    D = [[0.0] * N for _ in range(J)]
+    for n0 in range(0, N, m):
+        n1 = min(N, n0 + m)
+        for j in range(J):
+            tj, Dj = tl[j], D[j]
+            up = D[j - 1] if j else None
+            down, bj = (D[j + 1], bl[j]) if j < J - 1 else (None, 0)
+            c = run = 0.0
+            for n in range(n0, n1):
+                tt = tj[n]
+                e = (a0[n] if up is None else up[n] + sync_s) + tt
+                if down is not None and n >= bj:
+                    e = max(e, down[n - bj] + sync_s)
+                if n == n0:
+                    if n0 > 0:
+                        e = max(e, Dj[n0 - 1] + tt)
+                    c = tt                      # cumsum restarts with the chunk
+                    run = e - c                 # and so does the running maximum
+                else:
+                    c = c + tt
+                    run = max(run, e - c)
+                Dj[n] = c + run
+    return np.array(D, dtype=float)
 
 
 def simulate_reference(t, depth, sync_s: float = 0.0):

@@ -19,6 +19,9 @@ import math
 from dataclasses import dataclass, replace
 from functools import cached_property
 
+import numpy as np
+
+from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
                                        gemm_tile_options, gemm_tiles, split_k_partials_bytes)
 from kitsune_dse.graph.ir import Graph, OpClass
@@ -32,8 +35,7 @@ class Region:
 
     @staticmethod
     def of(graph: Graph, ops=None) -> "Region":
-        names = [o.name for o in graph.ops] if ops is None else list(ops)
-        return Region(graph, tuple(sorted(names, key=graph.index)))
+        return _region_of(graph, None if ops is None else tuple(ops))
 
     @cached_property
     def op_set(self) -> frozenset[str]:
@@ -73,6 +75,14 @@ class Region:
                     reads[t] = max(reads.get(t, 0), b)
         writes = sum(g.tensors[t].nbytes for t in self.outputs)
         return float(sum(reads.values())), float(writes)
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _region_of(graph: Graph, ops: tuple[str, ...] | None) -> Region:
+    # one object per op set: the search builds the same regions (stages, windows) many times,
+    # and each keeps its derived sets (cached properties) for the next
+    names = [o.name for o in graph.ops] if ops is None else list(ops)
+    return Region(graph, tuple(sorted(names, key=graph.index)))
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -206,8 +216,20 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
 
 def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
                dram_write: float, l2_read: float) -> KernelWork:
-    """KernelWork for a fused group with the given traffic; a GEMM group picks its CTA tile."""
-    g = region.graph
+    """KernelWork for a fused group with the given traffic; a GEMM group picks its CTA tile.
+    Memoised for one SM count: every window holding the group asks again (same traffic)."""
+    if np.ndim(sms):
+        return _group_work(region.graph, tuple(group), spec, sms, dram_read, dram_write, l2_read)
+    key = (region.graph, tuple(group), sms, dram_read, dram_write, l2_read)
+    memo = table(spec, "group_work")
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _group_work(*key[:2], spec, *key[2:])
+    return hit
+
+
+def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
+                dram_write: float, l2_read: float) -> KernelWork:
     infos = [g.op(o).info for o in group]
     tensor = sum(i.flops for i in infos if i.unit == "tensor")
     simt = sum(i.flops for i in infos if i.unit == "simt")
@@ -234,8 +256,16 @@ def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_r
 
 def kernel_variants(region: Region, group: tuple[str, ...], spec: HwSpec, work: KernelWork):
     """The same kernel (same traffic) with every CTA tile and split-K a GEMM library could pick;
-    a non-GEMM kernel has one variant."""
-    g = region.graph
+    a non-GEMM kernel has one variant. Memoised: every window holding the kernel asks again."""
+    key = (region.graph, tuple(group), work)
+    memo = table(spec, "kernel_variants")
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = tuple(_kernel_variants(region.graph, tuple(group), spec, work))
+    return list(hit)
+
+
+def _kernel_variants(g: Graph, group: tuple[str, ...], spec: HwSpec, work: KernelWork):
     gemms = [g.op(o).info for o in group if g.op(o).info.gemm is not None]
     if not gemms:
         return [work]

@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from kitsune_dse.cost.memo import table
 from kitsune_dse.hw.spec import HwSpec
 
 GEMM_TILES = ((128, 256), (128, 128), (64, 128), (64, 64))  # (rows, cols) CTA tile candidates
@@ -68,6 +69,20 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     compute, DRAM and L2 terms, the wave count and the ramp."""
     if np.ndim(sms) == 0 and not parts:
         return _kernel_time_scalar(work, spec, float(sms))
+    if not parts:
+        # memoised over arrays of SM counts: the search prices the same kernel for many
+        # windows, cuts and stages (a hit is a copy of the first result)
+        a = np.asarray(sms)
+        key = (work, a.dtype.str, a.shape, a.tobytes())
+        memo = table(spec, "kernel_time")
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _kernel_time_parts(work, spec, sms, False)
+        return hit.copy()
+    return _kernel_time_parts(work, spec, sms, parts)
+
+
+def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     s = np.maximum(np.asarray(sms, dtype=float), 1.0)
     cps = max(1, work.ctas_per_sm)
     tiles = max(1, work.tiles)

@@ -15,12 +15,18 @@ estimate, validate/NOTES.md).
 `makespan` replays that schedule for many SM counts at once (arrays over [SM counts, workers]);
 beyond SIM_ROW_BLOCKS row-blocks the steady period of the second half of the simulated ones is
 extrapolated, which keeps a stage-time table over every SM count a few milliseconds.
+`stage_unit_time` times one hand-off unit through any stage (one step: its roofline; several:
+that schedule) for the pipeline estimate and the search's stage tables.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import numpy as np
+
+from kitsune_dse.cost.memo import table
+from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time
+from kitsune_dse.hw.spec import HwSpec
 
 SIM_ROW_BLOCKS = 16
 TEAMS_PER_SM = 2
@@ -59,18 +65,26 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
     K, R = len(shape.items), max(1, int(shape.row_blocks))
     Rs = min(R, SIM_ROW_BLOCKS)
     n_s, W = len(workers), int(workers.max())
-    c = np.arange(W)[None, :]
     Wc = workers[:, None]
-    live = c < Wc
-    free = np.zeros((n_s, W))
+    # when each worker is free, row by row (SM counts) in one flat array; each row's last entry
+    # is scratch: the padding entries of the item lists below write there
+    free = np.zeros(n_s * (W + 1))
+    base = (np.arange(n_s) * (W + 1))[:, None]
     done = np.full((Rs, K, n_s), 0.0)       # finish time of every item of (rb, k)
     look = max(1, int(shape.lookahead))
+    # of step k's n items in row-block rb, worker (rb * n + i) mod w takes items i, i + w, ...:
+    # only the min(n, w) workers with an item are touched (a few of the stage's workers), and
+    # which ones and how long they run is known before the replay
+    steps = []
+    for k, n in enumerate(shape.items):
+        i = np.arange(min(n, W))[None, None, :]
+        has = i[0] < np.minimum(n, Wc)
+        off = (np.arange(Rs)[:, None] * n) % workers[None, :]
+        idx = base + np.where(has, (off[:, :, None] + i) % Wc, W)  # [Rs, n_s, items]
+        busy = (has * ((n - 1 - i[0]) // Wc + 1)) * tau[k][:, None]
+        steps.append((idx, busy, has))
     for rb in range(Rs):
-        for k, n in enumerate(shape.items):
-            i0 = c - ((rb * n) % workers)[:, None]
-            i0 += Wc * (i0 < 0)
-            active = live & (i0 < n)
-            cnt = active * ((n - 1 - i0) // Wc + 1)
+        for k, (idx, busy, has) in enumerate(steps):
             ready = np.zeros(n_s)
             if k > 0:
                 ready = done[rb, k - 1] + sync_s
@@ -79,10 +93,10 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
             slots = shape.slots[k]
             if slots and k + 1 < K and rb >= slots:
                 ready = np.maximum(ready, done[rb - slots, k + 1] + sync_s)
-            start = np.maximum(free, ready[:, None])
-            end = start + cnt * tau[k][:, None]
-            free = np.where(active, end, free)
-            done[rb, k] = np.max(np.where(active, end, -np.inf), axis=1)
+            at = idx[rb]
+            end = np.maximum(free[at], ready[:, None]) + busy
+            free[at] = end
+            done[rb, k] = np.maximum.reduce(end, axis=1, initial=-np.inf, where=has)
     # the stage ends with its last item (a later row-block may finish before an earlier one)
     ends = np.maximum.accumulate(done.max(axis=1), axis=0)
     last = ends[Rs - 1]
@@ -95,3 +109,73 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
     work = (np.asarray(shape.items, float)[:, None] * tau).sum(axis=0) / workers
     period = np.maximum((last - ends[half - 1]) / (Rs - half), work)
     return last + (R - Rs) * period
+
+
+def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None = None):
+    """One hand-off unit through a stage (scalar or array of SM counts). One step: its work on
+    the units its rings admit at once. Several steps (`shape`): the worker-by-worker schedule of
+    all the stage's row-blocks (makespan), per unit. Memoised: the search meets the same stage
+    (equal works) under many cuts and SM splits."""
+    if np.ndim(sms):
+        a = np.asarray(sms)
+        key = (tuple(works), shape, a.dtype.str, a.shape, a.tobytes())
+    else:
+        key = (tuple(works), shape, float(sms))
+    memo = table(spec, "stage_unit_time")
+    hit = memo.get(key)
+    if hit is None:
+        hit = memo[key] = _stage_unit_time(works, spec, sms, shape)
+    return hit.copy() if isinstance(hit, np.ndarray) else hit
+
+
+def _stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None):
+    if shape is None or len(works) == 1:
+        return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
+                + (len(works) - 1) * spec.sync_latency_s)
+    s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
+    top, log_grid, log_span, units, U, whole = _schedule(works, spec, shape)
+    span = np.exp(np.interp(np.log(np.minimum(s, top)), log_grid, log_span))
+    bound = sum(kernel_time(w, spec, s) for w in whole) / U
+    out = np.maximum(span / max(units, 1e-9), bound)
+    return out if np.ndim(sms) else float(out[0])
+
+
+def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
+    """What a several-step stage's unit time needs besides its SM counts, memoised (a plan is
+    re-timed at many SM splits): the log of the worker schedule's span on the simulation grid,
+    the units, and the works of all units at once (the bandwidth bound)."""
+    key = (tuple(works), shape)
+    memo = table(spec, "stage_schedule")
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    # the schedule is replayed at a fixed grid of SM counts (every SM_GRID_STEP and the chip's
+    # total) and interpolated log-log in between, so a table and a single SM count agree
+    grid = sim_grid(spec.sm_count)
+    tau = []
+    for w, n in zip(works, shape.items):
+        # one runtime row-block of the step on the stage's SMs: rounds of one item per SM; a
+        # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM
+        rb = w.scaled(1.0 / shape.rb_per_unit, tiles=n)
+        tau.append(TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid))
+    span = makespan(shape, np.vstack(tau), TEAMS_PER_SM * grid.astype(np.int64),
+                    spec.sync_latency_s)
+    units = shape.row_blocks / shape.rb_per_unit
+    # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
+    # bandwidth of all the row-blocks in flight)
+    U = max(1, round(units))
+    whole = [w.scaled(U, tiles=w.tiles * U) for w in works]
+    hit = memo[key] = (grid[-1], np.log(grid), np.log(span), units, U, whole)
+    return hit
+
+
+SM_GRID_STEP = 8
+
+
+def sim_grid(sm_count: int) -> np.ndarray:
+    """Fixed points (1, 2, 4, every SM_GRID_STEP) up to the first at or past the chip's SM
+    count: a given SM count interpolates between the same points on any chip, so a chip with
+    more SMs never re-prices a stage it could already run."""
+    top = -(-sm_count // SM_GRID_STEP) * SM_GRID_STEP
+    pts = {1, 2, 4} | set(range(SM_GRID_STEP, top + 1, SM_GRID_STEP))
+    return np.array(sorted(p for p in pts if p <= max(top, 4)), dtype=float)

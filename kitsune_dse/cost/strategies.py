@@ -3,12 +3,14 @@ pipeline.py). Each is a pure function (region, spec, choice) -> Estimate with a 
 from __future__ import annotations
 
 import bisect
+import functools
 import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.region import (Region, is_fusible_reduction_owner, kernel_variants,
                                      kernel_works)
 from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time
@@ -110,6 +112,12 @@ def fusion_groups(region: Region) -> list[tuple[str, ...]]:
     """FusionStitching-style vertical fusion: elementwise ops and row reductions join their
     producer's kernel (epilogue), elementwise producers join a GEMM (prologue); GEMMs never fuse
     with each other; gathers, scatters and copies keep their own kernels. Groups stay convex."""
+    return list(_fusion_groups(region))
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _fusion_groups(region: Region) -> tuple[tuple[str, ...], ...]:
+    # memoised: the search asks for the groups of the same stage under many cuts and plans
     g = region.graph
     group_of: dict[str, int] = {}
     groups: list[list[str]] = []
@@ -145,7 +153,7 @@ def fusion_groups(region: Region) -> list[tuple[str, ...]]:
         for h in pgroups:
             if h != chosen:
                 succ_groups[h].add(chosen)
-    return [tuple(grp) for grp in groups]
+    return tuple(tuple(grp) for grp in groups)
 
 
 def fusion(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
@@ -174,7 +182,16 @@ def _fluid_time(w: KernelWork, spec: HwSpec, S: int) -> float:
     its tiles spread evenly over all SMs (no last-wave tail). Its ramp stays: the first
     consumer tile needs a whole row-block of this kernel's output, which its own epilogue
     writes. A one-wave kernel gains nothing: every row-block completes with its only wave
-    (measured: a chain of one-wave GEMMs runs no faster under tilesync than in a graph)."""
+    (measured: a chain of one-wave GEMMs runs no faster under tilesync than in a graph).
+    Memoised: every window holding the kernel asks again."""
+    memo = table(spec, "fluid_time")
+    key = (w, S)
+    if key not in memo:
+        memo[key] = _fluid(w, spec, S)
+    return memo[key]
+
+
+def _fluid(w: KernelWork, spec: HwSpec, S: int) -> float:
     t, p = kernel_time(w, spec, S, parts=True)
     tiles = max(1, w.tiles)
     if float(busiest_sm_tiles(w, S)) <= 1.0:
@@ -290,6 +307,19 @@ def split_sms(tables: list[np.ndarray], total: int, step: int = 1) -> tuple[floa
     return T, need(T)
 
 
+def _share_table(variants: list[KernelWork], spec: HwSpec, hand: tuple[bool, bool]) -> np.ndarray:
+    """A kernel's time on every SM share (0..sm_count), the variant best on each share with its
+    hand-offs. Memoised: every window holding the level asks again."""
+    memo = table(spec, "share_table")
+    key = (tuple(variants), hand)
+    if key not in memo:
+        sm_axis = np.arange(spec.sm_count + 1)
+        memo[key] = np.min([kernel_time(v, spec, sm_axis)
+                            + _handoff_s(v, spec, np.maximum(sm_axis, 1), *hand)
+                            for v in variants], axis=0)
+    return memo[key].copy()
+
+
 def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
     """Independent kernels of each dependency level run side by side on their own SM shares
     (ACS's window of independent kernels); dependent levels run one after another."""
@@ -298,7 +328,6 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
     by_op = {w.name: w for w in works}
     variants = {w.name: kernel_variants(region, (w.name,), spec, w) for w in works}
     S = spec.sm_count
-    sm_axis = np.arange(S + 1)
     order = [(w.name,) for w in works]
     hand = dict(zip([w.name for w in works], _handoffs(region, order)))
     total, times, shares = spec.tilesync_fixed_s if works else 0.0, [], []
@@ -316,10 +345,7 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
             # each kernel on its share picks the tile and split-K that suit that share; every
             # tile pays its hand-offs (a flag check where it has producers, a count where
             # consumers wait for it)
-            tabs = [np.min([kernel_time(v, spec, sm_axis) + _handoff_s(v, spec, np.maximum(sm_axis, 1),
-                                                                       *hand[w.name])
-                            for v in variants[w.name]], axis=0)
-                    for w in ws]
+            tabs = [_share_table(variants[w.name], spec, hand[w.name]) for w in ws]
             t, split = split_sms(tabs, S)
             dram = sum(w.dram_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))

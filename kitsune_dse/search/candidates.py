@@ -31,9 +31,10 @@ fused groups) are searched exactly as compare does (cost.compare.pipeline_candid
 keep queues that spill past the L2), and the whole graph is always one more window for the four
 kernel strategies, so the candidate set contains a cover equal to every whole-model strategy of
 `kitsune-dse compare` (CandidateSet.baselines lists them; compare_baselines=False skips the
-pipeline one). These exhaustive searches are the costly part: they start at once in forked
-worker processes (KITSUNE_DSE_JOBS, default the CPU count; 1 runs them in this process) while
-this process costs the other windows; the results are the same either way.
+pipeline one). These exhaustive searches are the costly part: those of windows of at least
+FORK_MIN_ATOMS atoms start at once in forked worker processes (KITSUNE_DSE_JOBS, default the
+CPU count; 1 runs them all in this process) while this process costs the other windows (and
+runs the short searches itself when it reaches them); the results are the same either way.
 
 Reuse. Windows are costed once per *structural signature* (op kinds, attrs, shapes, dtypes,
 which inputs are weights, graph inputs or come from inside the window, which outputs leave it,
@@ -77,6 +78,7 @@ PROBE_DEPTH = 2
 QUEUE_DEPTHS = (1, 2, 4, 8)   # ring slots (row-blocks) a queue may have
 CUTS_PER_STAGES = 3           # long windows: most even cuts tried per stage count
 MAX_PIPELINE_ATOMS = MAX_ATOMS_PER_PIPELINE   # longest window given pipeline candidates
+FORK_MIN_ATOMS = 5            # compare's search of a window this long runs in a worker process
 
 
 @dataclass(frozen=True)
@@ -353,8 +355,9 @@ class _PipelineEnumerator:
                 return None
             # as cost.compare.balance_sms: SMs left over go to the slowest stage, step by step
             split = [int(s) for s in split]
+            rows = tab.tolist()
             while sum(split) + g <= S:
-                j = max(range(J), key=lambda k: (tab[k][split[k]], -k))
+                j = max(range(J), key=lambda k: (rows[k][split[k]], -k))
                 split[j] += g
             sms = tuple(split)
         self.evaluated += 1
@@ -487,19 +490,22 @@ def jobs() -> int:
 
 class _PipelineSearches:
     """cost.compare.pipeline_candidates on some windows (op tuples), the costly part of the
-    candidate search: independent pure computations, started at once in forked worker
-    processes (jobs()) while this process costs the other windows, and collected when needed;
-    without fork (or with one job) each runs here when first asked for. Same results either
-    way."""
+    candidate search: independent pure computations. The `remote` ones (long windows) start at
+    once in forked worker processes (jobs() > 1) while this process costs the other windows,
+    and are collected when needed; the others (short windows: a few cuts, quick) and, without
+    fork, all of them run here when first asked for. This process needs the windows shortest
+    first, so a short one queued behind the long ones in a worker would only keep it waiting.
+    Same results either way."""
 
-    def __init__(self, graph: Graph, spec: HwSpec, step: int, tasks: dict):
+    def __init__(self, graph: Graph, spec: HwSpec, step: int, tasks: dict, remote=None):
         self.args = (graph, spec, step)
         self.tasks = tasks              # key -> ops
         self.done: dict = {}
         self.futures: dict = {}
         self.pool = None
-        n = min(jobs(), len(tasks))
-        if n > 1:
+        remote = {k: tasks[k] for k in (tasks if remote is None else remote)}
+        n = min(jobs(), len(remote))
+        if jobs() > 1 and n >= 1:
             try:
                 import multiprocessing as mp
                 from concurrent.futures import ProcessPoolExecutor
@@ -508,7 +514,7 @@ class _PipelineSearches:
                     self.pool = ProcessPoolExecutor(max_workers=n,
                                                     mp_context=mp.get_context("fork"))
                     # longest windows first: they take longest
-                    for key, ops in sorted(tasks.items(), key=lambda kv: -len(kv[1])):
+                    for key, ops in sorted(remote.items(), key=lambda kv: -len(kv[1])):
                         self.futures[key] = self.pool.submit(_pipeline_search, ops)
             except Exception:       # no fork here (sandbox, daemon worker...): run them here
                 self.close()
@@ -608,11 +614,15 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
     # compare's exhaustive searches first (the costly part), once per distinct window, in
     # parallel where possible
     tasks: dict = {}
+    remote = set()
     for w in sorted(full_pipe):
         ops = tuple(sorted((o for a in atoms[w[0]:w[1]] for o in a), key=graph.index))
         if seg_of[w[0]] == seg_of[w[1] - 1]:
-            tasks.setdefault(window_signature(Region.of(graph, ops), spec)[0], ops)
-    searches = _PipelineSearches(graph, spec, step, tasks)
+            key = window_signature(Region.of(graph, ops), spec)[0]
+            tasks.setdefault(key, ops)
+            if w[1] - w[0] >= FORK_MIN_ATOMS:
+                remote.add(key)
+    searches = _PipelineSearches(graph, spec, step, tasks, remote)
     try:
         return _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step,
                       strategies, kernel_strats, want_pipe, compare_baselines, max_window,

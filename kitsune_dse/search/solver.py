@@ -70,6 +70,8 @@ so the plan is never predicted slower than the best single strategy applied to t
 """
 from __future__ import annotations
 
+import functools
+import itertools
 import math
 import time
 from dataclasses import dataclass, field, replace
@@ -180,11 +182,7 @@ class PipeModel:
         """The maximal depth vectors whose slots fit the queue budget (deeper never paces
         slower, so the best period is reached at one of them)."""
         if getattr(self, "_maximal", None) is None:
-            import itertools
-            fit = [dv for dv in itertools.product(QUEUE_DEPTHS, repeat=self.J - 1)
-                   if sum(d * s for d, s in zip(dv, self.slot_kib)) <= self.budget_kib]
-            self._maximal = [dv for dv in fit if not any(
-                o != dv and all(a >= b for a, b in zip(o, dv)) for o in fit)]
+            self._maximal = list(_maximal_depths(self.J, tuple(self.slot_kib), self.budget_kib))
         return self._maximal
 
     def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
@@ -219,6 +217,23 @@ class PipeModel:
         k = int(np.argmin(L))
         return (int(L[k]), tuple(int(S[j][k]) for j in range(J)),
                 tuple(int(D[q][k]) for q in range(J - 1)))
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _maximal_depths(J: int, slot_kib: tuple[int, ...], budget_kib: int) -> tuple:
+    """The fitting depth vectors no other fitting one matches or exceeds everywhere, in
+    itertools.product order. With slots of >= 0 KiB every vector below a fitting one fits
+    too, so a vector is dominated exactly when raising one of its depths a level still fits
+    (linear instead of a pairwise test); memoised, as many candidates share slots and budget."""
+    fit = [dv for dv in itertools.product(QUEUE_DEPTHS, repeat=J - 1)
+           if sum(d * s for d, s in zip(dv, slot_kib)) <= budget_kib]
+    if any(s < 0 for s in slot_kib):
+        return tuple(dv for dv in fit if not any(
+            o != dv and all(a >= b for a, b in zip(o, dv)) for o in fit))
+    fits = set(fit)
+    up = dict(zip(QUEUE_DEPTHS, QUEUE_DEPTHS[1:]))
+    return tuple(dv for dv in fit if not any(
+        dv[q] in up and dv[:q] + (up[dv[q]],) + dv[q + 1:] in fits for q in range(J - 1)))
 
 
 def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
