@@ -124,6 +124,19 @@ def test_plan_variants_correct(idx):
     assert '"stages_disjoint": true' in placement
 
 
+def _planted_wait_is_reported(v, stream, error, match):
+    """Run a variant with a wait nobody satisfies: its timeout reports it, within 5 s."""
+    v.prepare()
+    v.pre(True)
+    t0 = time.perf_counter()
+    v.run(stream)
+    stream.synchronize()
+    took = time.perf_counter() - t0
+    with pytest.raises(error, match=match):
+        v.after()
+    assert took < 5.0
+
+
 @gpu
 @needs_gpu
 @pytest.mark.parametrize("mode", ["row", "split_k"])
@@ -138,17 +151,9 @@ def test_planted_deadlock_is_reported(mode):
     region = plan["regions"][0]
     reg = Region(load_model(plan["model"]["ref"], plan["model"]["sizes"]), region)
     v = PipelineVariant("plan", reg, Tensors(reg), info, region, timeout_s=0.05, plant_deadlock=True)
-    v.prepare()
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        v.pre(True)
-        t0 = time.perf_counter()
-        v.run(s)
-        s.synchronize()
-        took = time.perf_counter() - t0
-        with pytest.raises(PipelineError, match="deadlock"):
-            v.after()
-        assert took < 5.0
+        _planted_wait_is_reported(v, s, PipelineError, "deadlock")
         # the same kernel without the planted wait still runs (the GPU is usable after a timeout)
         ok = PipelineVariant("plan", reg, v.tensors, info, region, timeout_s=1.0)
         ok.prepare()
@@ -205,14 +210,6 @@ def test_tilesync_timeout_is_reported():
     reg = Region(load_model(plan["model"]["ref"], plan["model"]["sizes"]), region)
     v = TilesyncVariant("plan", reg, Tensors(reg), info, fusion_groups(reg), "tilesync", graph=False,
                         timeout_s=0.05, plant_deadlock=True)
-    v.prepare()
     s = cp.cuda.Stream(non_blocking=True)
     with s:
-        v.pre(True)
-        t0 = time.perf_counter()
-        v.run(s)
-        s.synchronize()
-        took = time.perf_counter() - t0
-        with pytest.raises(PipelineError, match="kernel g1 waiting for rows of a from kernel g0"):
-            v.after()
-        assert took < 5.0
+        _planted_wait_is_reported(v, s, PipelineError, "kernel g1 waiting for rows of a from kernel g0")

@@ -286,7 +286,7 @@ def merge_raw(raws: list[dict]) -> dict:
         if not vals:
             return None
         first = vals[0]
-        if is_num(first) and isinstance(first, float) and all(is_num(v) for v in vals):
+        if isinstance(first, float) and all(is_num(v) for v in vals):
             return med(vals)
         if isinstance(first, dict):
             keys = list(dict.fromkeys(k for v in vals if isinstance(v, dict) for k in v))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from kitsune_dse.errors import KitsuneError
 from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, Group, PipelineLayout, Region, Step,
                                         empty_target_per_gen, row_cfg)
+from kitsune_dse.validate.tilesync import CUDA_HELPERS, ew_rows_per_cta
 
 GEMM_STAGES = 4
 GROUP_M = 8                 # row-blocks per rasterization group of a standalone GEMM
@@ -261,7 +262,6 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
     a split-K GEMM's last K range sums the partials itself (no reduce kernel)."""
     src = [header(reg.dtype)]
     if sync is not None:
-        from kitsune_dse.validate.tilesync import CUDA_HELPERS
         src.append(CUDA_HELPERS)
         sidx = bufs.idx(sync.buf)
     launches: list[Launch] = []
@@ -382,7 +382,6 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
                           "        f.apply(r, c);", "    }", "}"]
                 grid = min(-(-total // 256), sm_count * 32)
             else:   # whole rows per CTA, so a unit of rows is one CTA's work
-                from kitsune_dse.validate.tilesync import ew_rows_per_cta
                 rr = ew_rows_per_cta(grp.cols)
                 lines += sync.start(grp, sidx, f"blockIdx.x * {rr}", f"min({grp.rows}, (int)blockIdx.x * {rr} + {rr})")
                 lines.append(f"    F_{grp.name}<{cg}> f;")

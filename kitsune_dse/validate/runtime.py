@@ -416,14 +416,13 @@ class TilesyncVariant(StandaloneVariant):
         self._groups = self.groups
         self.source, self._launches, self._ws = codegen.standalone_source(
             self.reg, self.groups, bt, self.info.sm_count, self.prefix, sync=self.sync)
+        self._ws[SYNC_BUF] = 4 * self.sync.words      # allocated with the workspaces
         self._names = bt.names
         return self.source
 
     def prepare(self):
-        cp = _cp()
-        self.build()
-        self.private[SYNC_BUF] = cp.zeros((self.sync.words,), dtype=cp.uint32)
         super().prepare()
+        self.private[SYNC_BUF] = self.private[SYNC_BUF].view(_cp().uint32)
 
     def _launch_all(self):
         cp = _cp()

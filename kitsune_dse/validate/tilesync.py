@@ -129,8 +129,7 @@ def plan_sync(groups: list[Group], strategy: str, tiles: dict, timeout_ns: int,
                        total=units * per_unit, index=len(by_name))
         word += units + 1
         if grp.kind == "gemm" and tiles[grp.name]["splits"] > 1:
-            n_rb, n_ct = _tiles(grp, tiles[grp.name])
-            gs.arrive = word
+            gs.arrive = word       # n_rb x n_ct from the unit counts above
             word += n_rb * n_ct
         row_aligned = ([grp.a] if grp.a else []) + grp.full_inputs()
         for t in grp.reads():
