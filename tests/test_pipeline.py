@@ -152,16 +152,23 @@ def test_pipeline_latency_is_the_queue_model_of_its_stage_times():
     r = Region.of(g)
     ch = PipelineChoice(MLP_STAGES, (80, 52), 128, (3,))
     e = pipeline(r, H100, ch)
-    t = e.breakdown["stage_tile_s"]
-    sim = simulate(np.repeat(np.array(t)[:, None], 16, axis=1), [3], 0.56e-6)
+    t = np.array(e.breakdown["stage_tile_s"])
+    c = np.array(e.breakdown["stage_servers"])
+    # each stage works on c units at once, each for c * t (its throughput stays 1 / t)
+    sim = simulate(np.repeat((c * t)[:, None], 16, axis=1), [3], 0.56e-6, servers=c)
     assert e.breakdown["makespan_s"] == pytest.approx(sim.makespan_s)
     assert e.latency_s == pytest.approx(max(sim.makespan_s, e.breakdown["dram_bound_s"]) + 0.8e-6)
-    # deep enough queue: sum(t) + sync + (N - 1) max(t)
+    # deep enough queue with one server per stage: sum(t) + sync + (N - 1) max(t)
     # (a deeper ring also lets each stage work on more row-blocks at once: its own stage times)
     e4 = pipeline(r, H100, PipelineChoice(MLP_STAGES, (80, 52), 128, (16,)))
-    t4 = e4.breakdown["stage_tile_s"]
-    assert e4.breakdown["makespan_s"] == pytest.approx(sum(t4) + 0.56e-6 + 15 * max(t4), rel=1e-9)
+    t4 = np.array(e4.breakdown["stage_tile_s"])
+    c4 = np.array(e4.breakdown["stage_servers"])
+    if (c4 == 1).all():
+        assert e4.breakdown["makespan_s"] == pytest.approx(sum(t4) + 0.56e-6 + 15 * max(t4), rel=1e-9)
+    else:   # the first unit's trip takes each stage's latency c * t; the rest at the period
+        assert e4.breakdown["makespan_s"] >= sum(c4 * t4) + 0.56e-6 + (16 - max(c4)) * max(t4) * (1 - 1e-9)
     assert max(t4) <= max(t) * (1 + 1e-12)
+    assert e4.breakdown["makespan_s"] >= 16 * max(t4) * (1 - 1e-12)
 
 
 # -- queue spill ---------------------------------------------------------------------------------

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers_graphs import examples
-from kitsune_dse.cost.queues import simulate, simulate_reference
+from kitsune_dse.cost.queues import _general, simulate, simulate_reference
 
 
 # -- hand-evaluated cases ------------------------------------------------------------------------
@@ -225,3 +225,73 @@ def test_unclipped_stall_is_non_negative(case):
     r = simulate(t, depth, sync)
     raw = (r.departures[:, -1] - r.starts[:, 0]) - t.sum(axis=1)
     assert np.all(raw >= -1e-9)
+
+
+# -- several servers per stage, slots released a row-block at a time ----------------------------
+def test_one_stage_of_two_servers_emits_pairs():
+    # c = 2 servers of latency 2: units leave two at a time, at 2 and 4
+    r = simulate([[2, 2, 2, 2]], [], servers=[2])
+    np.testing.assert_allclose(r.departures, [[2, 2, 4, 4]])
+    assert r.makespan_s == 4 and r.stall_s[0] == pytest.approx(0.0)
+
+
+def test_two_server_producer_feeds_a_one_server_consumer_by_hand():
+    # D0 = 2, 2, 4, 4; D1 = max(D0, D1[n-1]) + 1 = 3, 4, 5, 6
+    r = simulate([[2] * 4, [1] * 4], [8], servers=[2, 1])
+    np.testing.assert_allclose(r.departures, [[2, 2, 4, 4], [3, 4, 5, 6]])
+
+
+def test_grouped_release_holds_the_row_block_until_its_last_slab():
+    # 2 slabs per row-block, 2 slots: unit 2 needs the consumer done with unit 1 (the row-block),
+    # not unit 0. Consumer: D1 = 3, 5, 7, 9 either way; producer: 1, 2, 5, 6 against 1, 2, 3, 5
+    grouped = simulate([[1] * 4, [2] * 4], [2], group=[2])
+    single = simulate([[1] * 4, [2] * 4], [2])
+    np.testing.assert_allclose(grouped.departures, [[1, 2, 5, 6], [3, 5, 7, 9]])
+    np.testing.assert_allclose(single.departures, [[1, 2, 3, 5], [3, 5, 7, 9]])
+
+
+def test_bad_servers_and_groups_are_rejected():
+    with pytest.raises(ValueError):
+        simulate([[1, 1], [1, 1]], [2], servers=[0, 1])
+    with pytest.raises(ValueError):
+        simulate([[1, 1], [1, 1]], [3], group=[2])      # 3 slots are not whole row-blocks
+
+
+@st.composite
+def served_tandem(draw):
+    t, depth, sync = draw(tandem())
+    J, N = t.shape
+    servers = draw(st.lists(st.integers(1, 4), min_size=J, max_size=J))
+    g = draw(st.integers(1, 3))
+    return t, [d * g for d in depth], sync, servers, [g] * (J - 1)
+
+
+@settings(max_examples=examples(150), deadline=None)
+@given(served_tandem())
+def test_servers_and_groups_equal_the_reference_loop(case):
+    t, depth, sync, servers, group = case
+    ref = simulate_reference(t, depth, sync, servers, group)
+    r = simulate(t, depth, sync, servers=servers, group=group)
+    np.testing.assert_allclose(r.departures, ref, rtol=1e-9, atol=1e-9)
+    # the unit-by-unit evaluation (one sweep never settles from -inf) agrees too
+    one = _general(t, np.array(depth), np.array(servers), np.array(group), sync, np.zeros(t.shape[1]), 1)
+    np.testing.assert_allclose(one, ref, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(tandem())
+def test_general_path_with_one_server_equals_the_plain_model(case):
+    t, depth, sync = case
+    J = t.shape[0]
+    D = _general(t, np.array(depth, dtype=int), np.ones(J, dtype=int), np.ones(J - 1, dtype=int),
+                 sync, np.zeros(t.shape[1]), 8)
+    np.testing.assert_allclose(D, simulate(t, depth, sync).departures, rtol=1e-9, atol=1e-9)
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(t=st.floats(0.01, 10), c=st.integers(1, 6), m=st.integers(1, 8))
+def test_a_stage_of_c_servers_keeps_its_throughput(t, c, m):
+    # c servers of latency c * t over a multiple of c units: alone it takes units * t
+    n = c * m
+    r = simulate(np.full((1, n), c * t), [], servers=[c])
+    assert r.makespan_s == pytest.approx(n * t, rel=1e-9)

@@ -247,6 +247,14 @@ def test_pipeline_source_structure():
     assert "#include \"" not in full
     planted = codegen.pipeline_source(layout_pipeline(reg, region, plant_deadlock=True), codegen.BufTable())
     assert planted.count("+ 1u, ctrl") == 1
+    assert "atomicMax" not in src and lay.trace_off == 0
+    traced = layout_pipeline(reg, region, trace=True)
+    # one u64 per (step, row-block) after the worker timers, inside the control block
+    assert traced.trace_off >= lay.ctrl_words and traced.trace_off % 2 == 0
+    assert traced.ctrl_words == traced.trace_off + 2 * len(traced.steps) * traced.nrb
+    tsrc = codegen.pipeline_source(traced, codegen.BufTable())
+    assert tsrc.count("atomicMax(") == len(traced.steps)
+    assert f"+ {traced.trace_off}) + 1 * {traced.nrb} + rb" in tsrc
 
 
 def test_standalone_source_and_split_k_baseline():

@@ -286,7 +286,8 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         "dram_read_bytes": tot_r, "dram_write_bytes": core.write_bytes,
         "weight_reread_bytes": reread, "queue_bytes": core.queue_bytes,
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
-        "weights_resident": list(core.resident), "stage_shapes": list(core.shapes)}
+        "weights_resident": list(core.resident), "stage_shapes": list(core.shapes),
+        "stage_single_works": list(core.single), "stage_inflight": list(core.inflight)}
 
 
 @dataclass(frozen=True)
@@ -300,6 +301,8 @@ class _StageWorks:
     spill_bytes: float
     write_back_bytes: float
     resident: tuple[bool, ...]
+    single: tuple[KernelWork | None, ...]   # one-step stages: the step on one unit alone
+    inflight: tuple[int, ...]               # units a stage's rings let it hold at once
 
 
 def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
@@ -350,7 +353,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
         if j < J - 1:
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
-    out, shapes, read_terms = [], [], []
+    out, shapes, read_terms, single = [], [], [], []
     tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
@@ -425,10 +428,17 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             if w_pass:
                 read_terms.append((j, work))
             works.append(work)
+            if len(atoms) == 1:
+                single.append(work if k_inf == 1 else
+                              _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
+                                         1, c.tile_rows, slabs, reread_info))
+        if len(atoms) > 1:
+            single.append(None)
         out.append(tuple(works))
         shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
     return _StageWorks(tuple(out), tuple(shapes), tuple(read_terms), tot_w, queue_bytes, spill,
-                       write_back, tuple(resident))
+                       write_back, tuple(resident), tuple(single),
+                       tuple(i if len(a) == 1 else 1 for i, a in zip(inflight, stage_atoms)))
 
 
 # The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
@@ -489,6 +499,29 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
     return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit)
 
 
+def servers_for(t, single_t, cap: int, units: int):
+    """Units a stage works on at once (its servers in the queue model), per SM count: the one
+    unit's latency alone over the per-unit time at full occupancy, to the nearest divisor of
+    the units (a stage alone then takes exactly units x t) no larger than what its rings hold.
+    The runtime's workers take the items of consecutive row-blocks round robin, so a stage
+    whose unit fills a fraction of its workers runs that many units side by side, and the
+    first unit leaves after its own latency, not after t."""
+    t = np.asarray(t, dtype=float)
+    ratio = np.asarray(single_t, dtype=float) / np.maximum(t, 1e-30)
+    divs = np.array([d for d in range(1, max(1, min(cap, units)) + 1) if units % d == 0], dtype=float)
+    k = np.argmin(np.abs(ratio.reshape(-1, 1) - divs.reshape(1, -1)), axis=1)
+    return divs[k].reshape(t.shape).astype(np.int64)
+
+
+def stage_servers(totals: dict, spec: HwSpec, sms, t, units: int) -> np.ndarray:
+    """servers_for of every stage at its SM count (sms: one per stage; t: per-unit times)."""
+    out = np.ones(len(t), dtype=np.int64)
+    for j, (w1, cap) in enumerate(zip(totals["stage_single_works"], totals["stage_inflight"])):
+        if w1 is not None and cap > 1:
+            out[j] = int(servers_for(t[j], stage_unit_time([w1], spec, sms[j], None), cap, units))
+    return out
+
+
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     plan = plan_stages(region, spec, choice)
     c = plan.choice
@@ -496,7 +529,9 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     units = plan.row_blocks * plan.slabs
     t = np.array([stage_unit_time(w, spec, s, sh)
                   for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
-    sim = _tandem(t, units, tuple(d * plan.slabs for d in c.depths), spec)
+    srv = stage_servers(totals, spec, c.sms, t, units)
+    depths = tuple(d * plan.slabs for d in c.depths)
+    sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     used = sum(c.sms)
     dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
     bw_bound = dram / spec.hbm_bandwidth_from(used)
@@ -504,7 +539,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
         # the stages share one DRAM: when together they ask for more than the chip delivers,
         # every stage slows by the same factor (keeps the per-tile timeline consistent)
         t = t * (bw_bound / sim.makespan_s)
-        sim = _tandem(t, units, tuple(d * plan.slabs for d in c.depths), spec)
+        sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     latency = max(sim.makespan_s, bw_bound) + spec.persistent_launch_cost_s
     busy = float(sum(t[j] * units * c.sms[j] for j in range(len(t))))
     return Estimate(
@@ -515,7 +550,8 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
         breakdown={"strategy": "pipeline", "stages": [list(s) for s in c.stages],
                    "sms": list(c.sms), "tile_rows": c.tile_rows, "depths": list(c.depths),
                    "modes": list(c.modes), "row_blocks": plan.row_blocks, "slabs": plan.slabs,
-                   "stage_tile_s": t.tolist(), "makespan_s": sim.makespan_s,
+                   "stage_tile_s": t.tolist(), "stage_servers": srv.tolist(),
+                   "makespan_s": sim.makespan_s,
                    "dram_bound_s": bw_bound, "fill_s": sim.fill_s, "drain_s": sim.drain_s,
                    "period_s": sim.period_s, "bottleneck_stage": sim.bottleneck_stage,
                    "stall_s": sim.stall_s.tolist(), "queue_mean_occupancy": sim.mean_occupancy.tolist(),
@@ -526,28 +562,41 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     ).check()
 
 
-def _tandem(t: np.ndarray, units: int, depths: tuple[int, ...], spec: HwSpec):
-    """queues.simulate of `units` equal tiles per stage (per-tile times t), memoised: plans of
-    different cuts or tiles often end up with the same stage times (the result is read only)."""
-    key = (t.tobytes(), units, depths)
+def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, ...], slabs: int,
+            spec: HwSpec):
+    """queues.simulate of `units` equal units per stage (per-unit times t; a stage of c servers
+    takes c * t per unit; slots freed a row-block of `slabs` units at a time), memoised: plans
+    of different cuts or tiles often end up with the same stage times (read only)."""
+    key = (t.tobytes(), servers.tobytes(), units, depths, slabs)
     memo = table(spec, "tandem")
     hit = memo.get(key)
     if hit is None:
-        hit = memo[key] = simulate(np.repeat(t[:, None], units, axis=1), list(depths),
-                                   spec.sync_latency_s)
+        lat = t * servers
+        hit = memo[key] = simulate(np.repeat(lat[:, None], units, axis=1), list(depths),
+                                   spec.sync_latency_s, servers=servers,
+                                   group=[slabs] * len(depths))
     return hit
 
 
 def stage_time_table(region: Region, spec: HwSpec, plan: StagePlan) -> np.ndarray:
     """[stages, sm_count + 1] per-unit time of each stage for every SM count (column 0 = inf);
     the SM count of the plan's choice is ignored. Used by the search to balance stages."""
+    return stage_tables(region, spec, plan)[0]
+
+
+def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
+    """stage_time_table, the servers of every stage at every SM count ([stages, sm_count + 1],
+    column 0 = 1) and the stage_works totals."""
     S = spec.sm_count
     axis = np.arange(1, S + 1)
     works, totals = stage_works(region, spec, plan)
-    rows = []
-    for w, sh in zip(works, totals["stage_shapes"]):
-        tab = np.empty(S + 1)
-        tab[0] = np.inf
-        tab[1:] = stage_unit_time(w, spec, axis, sh)
-        rows.append(tab)
-    return np.vstack(rows)
+    tab = np.empty((len(works), S + 1))
+    tab[:, 0] = np.inf
+    for j, (w, sh) in enumerate(zip(works, totals["stage_shapes"])):
+        tab[j, 1:] = stage_unit_time(w, spec, axis, sh)
+    srv = np.ones((len(works), S + 1), dtype=np.int64)
+    units = plan.row_blocks * plan.slabs
+    for j, (w1, cap) in enumerate(zip(totals["stage_single_works"], totals["stage_inflight"])):
+        if w1 is not None and cap > 1:
+            srv[j, 1:] = servers_for(tab[j, 1:], stage_unit_time([w1], spec, axis, None), cap, units)
+    return tab, srv, totals

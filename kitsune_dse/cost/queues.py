@@ -9,6 +9,13 @@ with E[n] = max(A[n] + t[n], B[n]) is a max-plus linear recurrence solved in clo
 cumulative sums and a running maximum: D = C + maximum.accumulate(E - C), C = cumsum(t). The
 blocking terms couple neighbouring stages; Gauss-Seidel sweeps over the stages repeat until the
 departure times stop changing (they only grow, and settle within a few sweeps).
+
+Two generalisations follow the persistent runtime. A stage of c servers works on c units at
+once, each for its service time (the unit's latency; c units per service time is the stage's
+throughput): D[n] = max(max(arrive[n], D[n-c]) + t[n], block[n]), c interleaved single-server
+chains. A queue whose slots are released in groups of g units (a split_k ring: the consumer
+frees a row-block's slot once it has summed all g of its column slabs) blocks unit u of its
+producer on the consumer's unit (u // g - b / g) * g + g - 1 instead of u - b.
 """
 from __future__ import annotations
 
@@ -38,10 +45,13 @@ def _stage_pass(t, arrive, block, c=None):
     return c + np.maximum.accumulate(e - c)
 
 
-def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8) -> QueueResult:
-    """t: [stages, tiles] (or [stages] for equal tiles, then `release` gives the tile count via
-    its length or a scalar tile count may be passed as t of shape [stages, N]) service times;
-    depth: [stages - 1] ring slots per queue (>= 1); sync_s: one-way hand-off latency."""
+def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8,
+             servers=None, group=None) -> QueueResult:
+    """t: [stages, tiles] service times (a unit's latency on one server); depth: [stages - 1]
+    ring slots per queue (>= 1, in units); sync_s: one-way hand-off latency; release: when
+    each tile enters the first stage; servers: [stages] units a stage works on at once
+    (default 1); group: [stages - 1] units whose slots a queue frees together (default 1; a
+    depth is then a multiple of it)."""
     t = np.atleast_2d(np.asarray(t, dtype=float))
     J, N = t.shape
     b = np.asarray(depth, dtype=int).reshape(-1)
@@ -50,6 +60,15 @@ def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8) -
     if (b < 1).any():
         raise ValueError("queue depths must be >= 1")
     arrive0 = np.zeros(N) if release is None else np.asarray(release, dtype=float)
+    c = np.ones(J, dtype=int) if servers is None else np.asarray(servers, dtype=int).reshape(-1)
+    g = np.ones(J - 1, dtype=int) if group is None else np.asarray(group, dtype=int).reshape(-1)
+    if c.size != J or (c < 1).any():
+        raise ValueError(f"{J} stages need {J} server counts >= 1, got {list(c)}")
+    if g.size != J - 1 or (g < 1).any() or (b % g).any():
+        raise ValueError(f"release groups {list(g)} must be >= 1 and divide the depths {list(b)}")
+    if (c > 1).any() or (g > 1).any():
+        D = _general(t, b, c, g, float(sync_s), arrive0, max_sweeps)
+        return _result(t, D, arrive0, c, sync_s)
     neg = np.full(N, -np.inf)
     C = [np.cumsum(t[j]) for j in range(J)]
     D = np.zeros((J, N))
@@ -89,17 +108,64 @@ def simulate(t, depth, sync_s: float = 0.0, release=None, max_sweeps: int = 8) -
             break
     if not converged:
         D = _chunked(t, b, sync_s, arrive0)
-    # service start: the later of arrival and the stage's previous departure
+    return _result(t, D, arrive0, np.ones(J, dtype=int), sync_s)
+
+
+def _blocker(N: int, b: int, g: int) -> np.ndarray:
+    """Per producer unit, the consumer unit whose departure frees its slot (-1: none)."""
+    u = np.arange(N)
+    return np.where(u >= b, (u // g) * g - b + g - 1, -1)
+
+
+def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
+    """Departures with multi-server stages and grouped releases: Gauss-Seidel sweeps of
+    closed-form passes over each stage's interleaved chains; if they have not settled, the
+    exact unit-by-unit evaluation (every term refers to an earlier unit or an earlier stage)."""
+    J, N = t.shape
+    blockers = [_blocker(N, int(b[j]), int(g[j])) for j in range(J - 1)]
+    D = np.full((J, N), -np.inf)
+    for _ in range(max(1, max_sweeps)):
+        old = D.copy()
+        for j in range(J):
+            arr = arrive0 if j == 0 else D[j - 1] + sync_s
+            blk = np.full(N, -np.inf)
+            if j < J - 1:
+                k = blockers[j]
+                blk[k >= 0] = D[j + 1][k[k >= 0]] + sync_s
+            cj = int(c[j])
+            for r in range(min(cj, N)):
+                D[j, r::cj] = _stage_pass(t[j, r::cj], arr[r::cj], blk[r::cj])
+        if np.array_equal(old, D):
+            return D
+    D = np.empty((J, N))
+    tl, a0 = t.tolist(), arrive0.tolist()
+    bl = [k.tolist() for k in blockers]
+    for n in range(N):
+        for j in range(J):
+            start = a0[n] if j == 0 else D[j - 1, n] + sync_s
+            if n >= c[j]:
+                start = max(start, D[j, n - c[j]])
+            d = start + tl[j][n]
+            if j < J - 1 and bl[j][n] >= 0:
+                d = max(d, D[j + 1, bl[j][n]] + sync_s)
+            D[j, n] = d
+    return D
+
+
+def _result(t, D, arrive0, c, sync_s) -> QueueResult:
+    J, N = t.shape
+    # service start: the later of arrival and the departure of the server's previous unit
     S = np.empty_like(D)
     for j in range(J):
         arr = arrive0 if j == 0 else D[j - 1] + sync_s
-        prev = np.concatenate(([-np.inf], D[j][:-1]))
+        cj = int(c[j])
+        prev = np.concatenate((np.full(min(cj, N), -np.inf), D[j][:-cj] if cj < N else []))
         S[j] = np.maximum(arr, prev)
     makespan = float(D[-1, -1])
     fill = float(D[-1, 0])
     drain = float(D[-1, -1] - D[0, -1])
     period = float((D[-1, -1] - D[-1, 0]) / (N - 1)) if N > 1 else float(t[:, 0].max())
-    busy = t.sum(axis=1)
+    busy = t.sum(axis=1) / c
     stall = (D[:, -1] - S[:, 0]) - busy
     mean_occ = np.empty(J - 1)
     max_occ = np.empty(J - 1)
@@ -179,10 +245,12 @@ def _chunked_scalar(t, b, sync_s, arrive0, m: int):
     return np.array(D, dtype=float)
 
 
-def simulate_reference(t, depth, sync_s: float = 0.0):
+def simulate_reference(t, depth, sync_s: float = 0.0, servers=None, group=None):
     """Plain-loop evaluation of the same recurrence (for tests)."""
     t = np.atleast_2d(np.asarray(t, dtype=float))
     J, N = t.shape
+    c = [1] * J if servers is None else [int(x) for x in servers]
+    g = [1] * (J - 1) if group is None else [int(x) for x in group]
     D = np.full((J, N), -np.inf)
     # iterate to a fixed point because of the backward blocking term
     for _ in range(10 * (J + N)):
@@ -190,10 +258,10 @@ def simulate_reference(t, depth, sync_s: float = 0.0):
         for n in range(N):
             for j in range(J):
                 arr = 0.0 if j == 0 else D[j - 1][n] + sync_s
-                prev = D[j][n - 1] if n > 0 else -np.inf
+                prev = D[j][n - c[j]] if n >= c[j] else -np.inf
                 blk = -np.inf
                 if j < J - 1 and n - depth[j] >= 0:
-                    blk = D[j + 1][n - depth[j]] + sync_s
+                    blk = D[j + 1][(n // g[j]) * g[j] - depth[j] + g[j] - 1] + sync_s
                 D[j][n] = max(max(arr, prev) + t[j][n], blk)
         if np.array_equal(old, D):
             break

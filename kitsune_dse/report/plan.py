@@ -66,6 +66,7 @@ def region_dict(idx: int, region: Region, strategy: str, est: Estimate, choice, 
             d["stages"].append({"id": j, "ops": list(st), "sms": c.sms[j], "ctas": c.sms[j],
                                 "tile": {"rows": c.tile_rows, "slabs": plan.slabs},
                                 "predicted_unit_latency_s": b["stage_tile_s"][j],
+                                "servers": int(b["stage_servers"][j]),
                                 "stall_s": b["stall_s"][j]})
         for q in range(len(c.stages) - 1):
             d["queues"].append({"producer": q, "consumer": q + 1,

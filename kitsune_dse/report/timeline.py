@@ -64,9 +64,13 @@ def plan_timeline(plan: dict, spec: HwSpec, graph=None) -> Timeline:
         if rd["strategy"] == "pipeline" and rd.get("stages"):
             stages = rd["stages"]
             units = rd["pipeline"]["row_blocks"] * rd["pipeline"]["slabs"]
-            t = np.array([s["predicted_unit_latency_s"] for s in stages])
+            # a stage of c servers holds each of its c units in flight for c unit times
+            srv = np.array([int(s.get("servers", 1)) for s in stages])
+            t = np.array([s["predicted_unit_latency_s"] for s in stages]) * srv
             depths = [q["depth"] for q in rd["queues"]]
-            sim = simulate(np.repeat(t[:, None], units, axis=1), depths, spec.sync_latency_s)
+            slabs = int(rd["pipeline"]["slabs"])
+            sim = simulate(np.repeat(t[:, None], units, axis=1), depths, spec.sync_latency_s,
+                           servers=srv, group=[slabs] * len(depths))
             names = [tl.track(f"r{rd['id']} stage {s['id']} ({s['sms']} SMs)") for s in stages]
             step = max(1, units // MAX_UNITS_DRAWN)
             for j, tr in enumerate(names):

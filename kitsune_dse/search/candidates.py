@@ -57,8 +57,7 @@ import numpy as np
 from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_candidates,
                                       stream_segments)
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table,
-                                       stage_unit_time, stage_works)
+from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_tables
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.strategies import (STRATEGIES, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
@@ -94,6 +93,8 @@ class Candidate:
     slabs: int = 1                        # pipelines: split-K slabs per row-block
     slot_bytes: tuple[float, ...] = ()    # pipelines: bytes of one ring slot per queue
     queue_budget_bytes: float = 0.0       # pipelines: L2 for queue slots beside resident weights
+    stage_servers: "np.ndarray | None" = field(default=None, compare=False)  # [stages, sm_count+1]
+                                          # units each stage works on at once (default 1)
 
     @property
     def region(self) -> tuple[str, ...]:
@@ -282,6 +283,7 @@ class _PipeEval:
     model_s: float = 0.0        # closed-form time at the balanced SMs (ranking only)
     dram: float = 0.0
     budget: float = 0.0         # L2 for queue slots beside the weights resident at the probe
+    servers: np.ndarray | None = None
 
 
 def _queue_budget(spec: HwSpec, plan, resident) -> float:
@@ -294,25 +296,39 @@ def _queue_budget(spec: HwSpec, plan, resident) -> float:
 
 
 def table_and_totals(region: Region, spec: HwSpec, plan) -> tuple[np.ndarray, dict]:
-    """cost.pipeline.stage_time_table and the DRAM totals of the same stage_works call (the
-    table is built exactly as stage_time_table builds it; tests check the two agree)."""
-    S = spec.sm_count
-    axis = np.arange(1, S + 1)
-    works, totals = stage_works(region, spec, plan)
-    tab = np.empty((len(works), S + 1))
-    tab[:, 0] = np.inf
-    for j, (w, sh) in enumerate(zip(works, totals["stage_shapes"])):
-        tab[j, 1:] = stage_unit_time(w, spec, axis, sh)
-    return tab, totals
+    """cost.pipeline.stage_tables: the stage-time table and the DRAM totals of the same
+    stage_works call, with the servers table in totals["stage_servers_table"]."""
+    tab, srv, totals = stage_tables(region, spec, plan)
+    return tab, {**totals, "stage_servers_table": srv}
+
+
+def closed_form_span(T, L, units: int, B, sync_s: float):
+    """The solver's pipeline time before the DRAM floor and the launch: every stage's unit
+    latency L_j = servers_j * T_j once (the first unit's trip), U - 1 periods B, J - 1 hand-offs,
+    less min_j (L_j - T_j) (a stage of c servers emits c units per latency: its own last units
+    overlap; the least such overlap of any stage is taken). One stage: U * T."""
+    J = len(T)
+    if J == 1:
+        return units * T[0]
+    return (sum(L) + (units - 1) * B + (J - 1) * sync_s
+            - min(l - t for l, t in zip(L, T)))
+
+
+def queue_pace(depth: int, slabs: int) -> int:
+    """Units of period a ring of `depth` row-blocks of `slabs` units holds a slot for: a slot is
+    freed when its consumer has finished the row-block's last slab, so the producer may run
+    depth * slabs - slabs + 1 units ahead of the consumer's oldest unit."""
+    return depth * slabs - slabs + 1
 
 
 def adequate_depth(slabs: int, period_s: float, consumer_s: float, sync_s: float):
     """Smallest ring depth (row-blocks) with which a queue does not slow the pipeline below its
-    period B (the bottleneck stage's unit time): depth * slabs * B >= T_consumer + 2 * sync (a
-    slot is freed one hand-off after its consumer finishes and refilled one hand-off later);
-    None if no depth of QUEUE_DEPTHS is. The solver applies the same rule in integer ns."""
+    period B (the bottleneck stage's unit time): queue_pace(depth, slabs) * B >= L_consumer + 2
+    * sync, L the consumer's unit latency (a slot is freed one hand-off after its consumer
+    finishes the row-block and refilled one hand-off later); None if no depth of QUEUE_DEPTHS
+    is. The solver applies the same rule in integer ns."""
     for d in QUEUE_DEPTHS:
-        if d * slabs * period_s >= consumer_s + 2 * sync_s:
+        if queue_pace(d, slabs) * period_s >= consumer_s + 2 * sync_s:
             return d
     return None
 
@@ -362,21 +378,23 @@ class _PipelineEnumerator:
             sms = tuple(split)
         self.evaluated += 1
         units = plan.row_blocks * plan.slabs
+        srv = totals["stage_servers_table"]
         T = [float(tab[j][s]) for j, s in enumerate(sms)]
+        L = [float(tab[j][s] * srv[j][s]) for j, s in enumerate(sms)]
         B = max(T)
         dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
-        model = max(sum(T) + (units - 1) * B + (J - 1) * spec.sync_latency_s,
+        model = max(closed_form_span(T, L, units, B, spec.sync_latency_s),
                     dram / spec.hbm_bandwidth_from(S)) + spec.persistent_launch_cost_s
         # queue depths: the smallest adequate ones if they fit beside the resident weights
         depths = probe.depths
         budget = _queue_budget(spec, plan, totals.get("weights_resident"))
         if J > 1:
-            ad = [adequate_depth(plan.slabs, B, T[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
+            ad = [adequate_depth(plan.slabs, B, L[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
                   for q in range(J - 1)]
             if sum(d * b for d, b in zip(ad, plan.slot_bytes)) <= budget:
                 depths = tuple(ad)
         choice = PipelineChoice(stages, sms, tile_rows, depths, modes)
-        return _PipeEval(choice, None, order, tab, plan, model, dram, budget)
+        return _PipeEval(choice, None, order, tab, plan, model, dram, budget, srv)
 
     def cut_options(self, atoms, work: list[float], k: int):
         """Stage cuts of a window of k atoms: every cut for up to MAX_STAGES_SMALL stages when
@@ -462,9 +480,9 @@ class _PipelineEnumerator:
             probe = self.evaluate(region, e.choice.stages, e.choice.tile_rows, e.choice.modes,
                                   e.order)
             if probe is not None:
-                e.table, e.budget = probe.table, probe.budget
+                e.table, e.budget, e.servers = probe.table, probe.budget, probe.servers
             else:
-                e.table = stage_time_table(region, self.spec, e.plan)
+                e.table, e.servers, _ = stage_tables(region, self.spec, e.plan)
                 e.budget = _queue_budget(self.spec, e.plan,
                                          e.estimate.breakdown.get("weights_resident"))
         return kept
@@ -573,6 +591,7 @@ class _Entry:
     slabs: int = 1
     slot_bytes: tuple[float, ...] = ()
     queue_budget: float = 0.0
+    servers: np.ndarray | None = None
 
 
 def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_granularity: int = 1,
@@ -666,7 +685,7 @@ def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step
                     p = e.plan
                     entries.append(_Entry(
                         "pipeline", e.estimate, e.choice, e.table, p.row_blocks * p.slabs,
-                        p.slabs, tuple(p.slot_bytes), e.budget))
+                        p.slabs, tuple(p.slot_bytes), e.budget, e.servers))
             cache[key] = (names, entries)
             mapping = {}
         if hi - lo == 1 and entries:
@@ -682,7 +701,7 @@ def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step
                     choice = PipelineChoice(_rename(choice.stages, mapping), choice.sms,
                                             choice.tile_rows, choice.depths, choice.modes)
             c = Candidate(len(cands), ops, e.strategy, est, choice, e.table, e.units, (lo, hi),
-                          e.slabs, e.slot_bytes, e.queue_budget)
+                          e.slabs, e.slot_bytes, e.queue_budget, e.servers)
             ids.setdefault(e.strategy, []).append(c.id)
             cands.append(c)
         if progress is not None:

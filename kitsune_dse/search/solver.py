@@ -14,15 +14,18 @@ A kernel candidate (bsp, fusion, tilesync, concurrent) costs its estimate. A pip
 with J stages and U hand-off units has one boolean y[j][s] per allowed SM count s of each stage
 (multiples of sm_granularity; a single stage may also take the whole GPU), exactly one per stage
 when the candidate is chosen, sum_j s_j <= the GPU's SMs, per-unit stage times
-T_j = sum_s stage_tables[j][s] * y[j][s] and a bottleneck B >= T_j:
-    L = max(sum_j T_j + (U - 1) * B + (J - 1) * sync,  F(sum_j s_j)) + launch,
-the tandem queue's makespan (fill, U - 1 periods, drain), with F the DRAM floor: the region's
+T_j = sum_s stage_tables[j][s] * y[j][s], unit latencies L_j = sum_s (stage_servers * stage_tables)
+[j][s] * y[j][s] (a stage of c servers works on c units at once) and a bottleneck B >= T_j:
+    L = max(sum_j L_j - M + (U - 1) * B + (J - 1) * sync,  F(sum_j s_j)) + launch,  M <= L_j - T_j,
+the tandem queue's makespan (the first unit's trip, U - 1 periods; a stage's own overlap of its
+last units, M, at most the least of any stage: candidates.closed_form_span; one stage: U * T),
+with F the DRAM floor: the region's
 DRAM bytes over the HBM bandwidth its SMs reach (cost.pipeline.pipeline stretches stage times
 the same way), a FLOOR_STEPS-step function of the SMs used (booleans u_k => sum s >= step k).
 Each queue q takes a depth d_q in {1, 2, 4, 8} ring slots (row-blocks; booleans z) and paces
-the pipeline: d_q * slabs * B >= T_{q+1} + 2 * sync (a slot is freed one hand-off after its
-consumer finishes and refilled one hand-off later; checked against the max-plus simulation of
-cost.queues: the closed form is within 1% above it), and the slots must fit the L2 the
+the pipeline: (d_q * slabs - slabs + 1) * B >= L_{q+1} + 2 * sync (a slot is freed one hand-off
+after its consumer finishes the row-block's last slab and refilled one hand-off later;
+candidates.queue_pace), and the slots must fit the L2 the
 candidate leaves beside the weights it keeps resident: sum_q d_q * slot_q <= queue budget.
 Minimising latency pushes B to the period. Reported depths are the smallest reaching it. Then
 the exact queue model (cost.pipeline.pipeline) re-times the chosen configuration: a result's
@@ -82,7 +85,8 @@ from ortools.sat.python import cp_model
 from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.errors import InfeasibleError, KitsuneError
-from kitsune_dse.search.candidates import QUEUE_DEPTHS, Candidate, CandidateSet, check_granularity
+from kitsune_dse.search.candidates import (QUEUE_DEPTHS, Candidate, CandidateSet, check_granularity,
+                                          queue_pace)
 
 TIME_UNIT_S = 1e-9          # model times: integer nanoseconds
 BYTE_UNIT = 1024            # model bytes: integer KiB
@@ -130,6 +134,7 @@ class PipeModel:
     J: int
     allowed: list[np.ndarray]       # per stage: allowed SM counts (ascending)
     tab: list[np.ndarray]           # per stage: integer ns per unit at those counts
+    lat: list[np.ndarray]           # per stage: integer ns of a unit's latency (servers x tab)
     units: int
     slabs: int
     sync: int
@@ -146,14 +151,14 @@ class PipeModel:
         k = np.searchsorted(self.floor_at, total, side="right") - 1
         return self.floor[np.maximum(k, 0)]
 
-    def _solve(self, T: list[np.ndarray], ok: np.ndarray, total: np.ndarray):
-        """For allocations with unit times T (one array per stage): feasibility, the period
-        (ns per unit at the bottleneck), the queue depths achieving it with the least L2, and
-        the latency. A queue of depth d paces the pipeline at no less than
-        ceil((T_{q+1} + 2 sync) / (d * slabs)): a slot is freed one hand-off after its consumer
-        finishes and refilled one hand-off later. The period is the smallest target >= max T
-        that every queue meets within the L2 budget; with one unit no slot is ever reused and
-        every queue takes depth 1."""
+    def _solve(self, T: list[np.ndarray], Lt: list[np.ndarray], ok: np.ndarray, total: np.ndarray):
+        """For allocations with unit times T and unit latencies Lt (one array per stage):
+        feasibility, the period (ns per unit at the bottleneck), the queue depths achieving it
+        with the least L2, and the latency. A queue of depth d paces the pipeline at no less
+        than ceil((L_{q+1} + 2 sync) / queue_pace(d, slabs)): a slot is freed one hand-off after
+        its consumer finishes the row-block and refilled one hand-off later. The period is the
+        smallest target >= max T that every queue meets within the L2 budget; with one unit no
+        slot is ever reused and every queue takes depth 1. The span is closed_form_span's."""
         J, n = self.J, len(T[0])
         maxT = np.max(T, axis=0)
         depths = [np.ones(n, dtype=np.int64) for _ in range(J - 1)]
@@ -165,7 +170,7 @@ class PipeModel:
             if not maximal:
                 ok = ok & False
             else:
-                pace = {d: [-(-(T[q + 1] + 2 * self.sync) // (d * self.slabs))
+                pace = {d: [-(-(Lt[q + 1] + 2 * self.sync) // queue_pace(d, self.slabs))
                             for q in range(J - 1)] for d in QUEUE_DEPTHS}
                 period = np.min([np.max([maxT] + [pace[d][q] for q, d in enumerate(dv)], axis=0)
                                  for dv in maximal], axis=0)
@@ -174,8 +179,12 @@ class PipeModel:
                     for dd in reversed(QUEUE_DEPTHS):
                         d = np.where(pace[dd][q] <= period, dd, d)
                     depths[q] = d
-        L = np.maximum(np.sum(T, axis=0) + (self.units - 1) * period + (J - 1) * self.sync,
-                       self.floor_of(total)) + self.launch
+        if J == 1:
+            span = self.units * T[0]
+        else:
+            span = (np.sum(Lt, axis=0) + (self.units - 1) * period + (J - 1) * self.sync
+                    - np.min([lt - t for lt, t in zip(Lt, T)], axis=0))
+        L = np.maximum(span, self.floor_of(total)) + self.launch
         return ok, period, depths, L
 
     def max_depth_vectors(self) -> list[tuple[int, ...]]:
@@ -187,14 +196,15 @@ class PipeModel:
 
     def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
         """(L, depths) of one allocation, None where it is infeasible."""
-        T = []
+        T, Lt = [], []
         for j, s in enumerate(sms):
             k = int(np.searchsorted(self.allowed[j], s))
             if k >= len(self.allowed[j]) or self.allowed[j][k] != s:
                 return None
             T.append(self.tab[j][k:k + 1])
+            Lt.append(self.lat[j][k:k + 1])
         ok = np.array([sum(sms) <= self.sm_count])
-        ok, _, D, L = self._solve(T, ok, np.array([sum(sms)]))
+        ok, _, D, L = self._solve(T, Lt, ok, np.array([sum(sms)]))
         if not ok[0]:
             return None
         return int(L[0]), tuple(int(d[0]) for d in D)
@@ -209,8 +219,9 @@ class PipeModel:
         idx = [g.ravel() for g in grids]
         S = [self.allowed[j][idx[j]] for j in range(J)]
         T = [self.tab[j][idx[j]] for j in range(J)]
+        Lt = [self.lat[j][idx[j]] for j in range(J)]
         total = np.sum(S, axis=0)
-        ok, _, D, L = self._solve(T, total <= self.sm_count, total)
+        ok, _, D, L = self._solve(T, Lt, total <= self.sm_count, total)
         if not ok.any():
             return None
         L = np.where(ok, L, np.iinfo(np.int64).max)
@@ -246,7 +257,9 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
         counts = np.append(counts, S)
     combos = SM_COMBOS_SMALL if len(cset.atoms) <= SMALL_ATOMS else SM_COMBOS
     W = len(counts) if J == 1 else max(1, int(combos ** (1.0 / J) + 1e-9))
-    allowed, tab = [], []
+    allowed, tab, lat = [], [], []
+    srv = (np.ones(tabs.shape, dtype=np.int64) if c.stage_servers is None
+           else np.asarray(c.stage_servers, dtype=np.int64))
     for j in range(J):
         cnt = counts
         if W < len(cnt):
@@ -256,6 +269,7 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
         vals = tabs[j][cnt]
         allowed.append(cnt.astype(np.int64))
         tab.append(np.rint(np.where(np.isfinite(vals), vals, 1e3) / TIME_UNIT_S).astype(np.int64))
+        lat.append(tab[-1] * srv[j][cnt])
     # the DRAM floor depends on the SMs the stages use (HBM bandwidth saturates with SMs):
     # FLOOR_STEPS steps from the fewest SMs a J-stage allocation can use to all of them
     lo = int(sum(a[0] for a in allowed))
@@ -263,7 +277,7 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
     floor = np.array([_ns(c.estimate.dram_bytes / spec.hbm_bandwidth_from(int(t))) for t in at],
                      dtype=np.int64)
     return PipeModel(
-        J=J, allowed=allowed, tab=tab, units=int(c.units), slabs=int(c.slabs),
+        J=J, allowed=allowed, tab=tab, lat=lat, units=int(c.units), slabs=int(c.slabs),
         sync=_ns(spec.sync_latency_s), floor_at=at, floor=floor,
         launch=_ns(spec.persistent_launch_cost_s),
         slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
@@ -463,21 +477,29 @@ class _Cover:
 
     def _pipeline(self, i: int, x, pm: PipeModel, best: int):
         m = self.model
-        ys, Ts = [], []
+        ys, Ts, Ls = [], [], []
         for j in range(pm.J):
             yj = [m.new_bool_var(f"y{i}_{j}_{int(a)}") for a in pm.allowed[j]]
             m.add(sum(yj) == x)
             ys.append(yj)
             Ts.append(sum(int(t) * y for t, y in zip(pm.tab[j], yj)))
+            Ls.append(sum(int(t) * y for t, y in zip(pm.lat[j], yj)))
         used = sum(int(a) * y for j in range(pm.J) for a, y in zip(pm.allowed[j], ys[j]))
         if sum(int(a[-1]) for a in pm.allowed) > pm.sm_count:
             m.add(used <= pm.sm_count)
         maxt = max(int(t.max()) for t in pm.tab)
+        maxl = max(int(t.max()) for t in pm.lat)
         span = sum(Ts) + (pm.J - 1) * pm.sync * x
+        if pm.J > 1:
+            # the first unit's trip at each stage's latency, less the least overlap
+            # min_j (L_j - T_j) (closed_form_span): M <= L_j - T_j, pushed up by the objective
+            M = m.new_int_var(0, maxl, f"M{i}")
+            for t, lt in zip(Ts, Ls):
+                m.add(M <= lt - t)
+            span = sum(Ls) - M + (pm.J - 1) * pm.sync * x
         if pm.units > 1 and pm.J > 1:
             # B: the period; >= every stage's unit time and >= each queue's pace at its depth
-            maxp = max(maxt, max(-(-(int(pm.tab[q + 1].max()) + 2 * pm.sync) // pm.slabs)
-                                 for q in range(pm.J - 1)))
+            maxp = max(maxt, max(int(pm.lat[q + 1].max()) + 2 * pm.sync for q in range(pm.J - 1)))
             B = m.new_int_var(0, maxp, f"B{i}")
             for t in Ts:
                 m.add(B >= t)
@@ -486,7 +508,7 @@ class _Cover:
                 zq = [m.new_bool_var(f"z{i}_{q}_{d}") for d in QUEUE_DEPTHS]
                 m.add(sum(zq) == x)
                 for d, z in zip(QUEUE_DEPTHS, zq):
-                    m.add(d * pm.slabs * B - Ts[q + 1] >= 2 * pm.sync).only_enforce_if(z)
+                    m.add(queue_pace(d, pm.slabs) * B - Ls[q + 1] >= 2 * pm.sync).only_enforce_if(z)
                     l2.append(d * pm.slot_kib[q] * z)
             m.add(sum(l2) <= pm.budget_kib)
             span = span + (pm.units - 1) * B
@@ -495,7 +517,7 @@ class _Cover:
             span = span + (pm.units - 1) * Ts[0]
         # latency - launch = max(span, floor) = (best - launch) + E with E >= 0: the pre-solved
         # best is a valid bound (no allocation beats it), written so the LP sees it on x
-        ub = pm.J * maxt + (pm.units - 1) * maxt + (pm.J - 1) * pm.sync + int(pm.floor[0])
+        ub = pm.J * max(maxt, maxl) + (pm.units - 1) * maxt + (pm.J - 1) * pm.sync + int(pm.floor[0])
         base = best - pm.launch
         E = m.new_int_var(0, max(0, ub - base), f"E{i}")
         m.add(E + base * x >= span)

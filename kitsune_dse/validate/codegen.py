@@ -556,6 +556,9 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
             if ring.direct:
                 continue
             L.append(f"        team_arrive(tm, ctrl + {ring.empty_off} + rb % {ring.nslots});  // done with {t!r}")
+        if layout.trace_off:   # when this row-block's last item of the step ended (diagnostics)
+            L.append(f"        if (tm.tid == 0) atomicMax(reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) "
+                     f"+ {st.sid} * {layout.nrb} + rb, (unsigned long long)globaltimer());")
         L += ["    }", "}"]
         return "\n".join(L)
 

@@ -616,6 +616,7 @@ class PipelineLayout:
     plant_deadlock: bool = False
     teams: int = TEAMS                              # 256-thread workers per CTA
     time_off: int = 0                               # per worker: %globaltimer at start and end (2 x u64)
+    trace_off: int = 0                              # per (step, row-block): when its last item ended (u64); 0: off
 
     def ring_of(self, tensor: str) -> Ring | None:
         for r in self.rings:
@@ -637,7 +638,7 @@ def _tile_rows(stage_tiles: list[dict], rows: int, notes: list[str]) -> int:
 
 
 def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False,
-                    teams: int = TEAMS) -> PipelineLayout:
+                    teams: int = TEAMS, trace: bool = False) -> PipelineLayout:
     notes: list[str] = []
     stages_p = plan_region["stages"]
     kernels = plan_region.get("kernels") or None
@@ -805,8 +806,12 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
             off += st.ws_slots * st.n_tiles
     time_off = (off + 1) // 2 * 2                   # 8-byte aligned
     off = time_off + first * teams * 4
+    trace_off = 0
+    if trace:                                       # u64 per (step, row-block), 8-byte aligned
+        trace_off = (off + 1) // 2 * 2
+        off = trace_off + 2 * len(steps) * nrb
     return PipelineLayout(reg, bm, rows, nrb, stages, steps, rings, first, off, smid_off, notes,
-                          plant_deadlock, teams, time_off)
+                          plant_deadlock, teams, time_off, trace_off)
 
 
 KSPLIT_WS_BYTES = 24 * 2**20

@@ -450,9 +450,10 @@ class PipelineVariant(Variant):
     """The plan's persistent kernel: one CTA per SM, stages on contiguous blockIdx ranges."""
 
     def __init__(self, name, reg, tensors, info, plan_region: dict, timeout_s: float = 1.0,
-                 plant_deadlock: bool = False, teams: int = codegen.TEAMS):
+                 plant_deadlock: bool = False, teams: int = codegen.TEAMS, trace: bool = False):
         super().__init__(name, reg, tensors, info)
         self.teams = teams
+        self.trace = trace
         self.plan_region = plan_region
         self.timeout_ns = int(timeout_s * 1e9)
         self.plant_deadlock = plant_deadlock
@@ -460,7 +461,7 @@ class PipelineVariant(Variant):
 
     def build(self):
         """Pure Python: layout and source of the persistent kernel (no CuPy)."""
-        lay: PipelineLayout = layout_pipeline(self.reg, self.plan_region, self.plant_deadlock, self.teams)
+        lay: PipelineLayout = layout_pipeline(self.reg, self.plan_region, self.plant_deadlock, self.teams, self.trace)
         self.layout = lay
         self.notes = list(dict.fromkeys(self.notes + lay.notes))
         if lay.grid > self.info.sm_count:
@@ -554,6 +555,11 @@ class PipelineVariant(Variant):
             # per stage: when its last worker finished and when its first did (us after the kernel's start)
             self.placement["stage_end_us"] = ends
             self.placement["stage_first_end_us"] = firsts
+            if lay.trace_off:   # per step, per row-block: when its last item ended (us)
+                tr = c[lay.trace_off: lay.trace_off + 2 * len(lay.steps) * lay.nrb].view(np.uint64)
+                tr = tr.reshape(len(lay.steps), lay.nrb).astype(np.int64) - t0
+                self.placement["step_rb_done_us"] = [[round(float(x) / 1e3, 2) for x in row] for row in tr]
+                self.placement["step_stage"] = [st.stage for st in lay.steps]
         if distinct != lay.grid:
             raise PipelineError(f"placement: {lay.grid} CTAs ran on only {distinct} distinct SMs")
 
