@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from helpers_graphs import examples
+
 from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_time_table
 from kitsune_dse.cost.region import Region
 from kitsune_dse.cost.stage_sim import StageShape, makespan
@@ -90,6 +92,36 @@ def test_the_models_runtime_constants_equal_the_runtimes():
         wpr, cache, vpl = runtime.row_cfg(cols)
         if cache:
             assert model._row_vectors_per_lane(cols) == vpl, cols
+
+
+@settings(max_examples=examples(80), deadline=None)
+@given(n_tiles=st.integers(1, 400), workers=st.integers(2, 264), k=st.sampled_from([256, 768, 1024, 3072, 4096, 11008, 12288, 49152]),
+       slab_w=st.sampled_from([64, 128]), nslots=st.integers(1, 32), cols=st.sampled_from([128, 768, 4096, 12288]),
+       nb=st.integers(1, 2))
+def test_the_models_k_split_is_the_runtimes(n_tiles, workers, k, slab_w, nslots, cols, nb):
+    # cost.pipeline.runtime_ksplit is a copy of validate.lower._choose_ksplit
+    from types import SimpleNamespace
+
+    from kitsune_dse.cost import pipeline as model
+    from kitsune_dse.validate import lower as runtime
+    assert model.KSPLIT_MIN_RANGE == runtime.KSPLIT_MIN_RANGE
+    assert model.KSPLIT_WS_BYTES == runtime.KSPLIT_WS_BYTES
+    g = SimpleNamespace(k=k, nb=nb, cols=cols, ops=["mm"])
+    step = SimpleNamespace(group=g, n_tiles=n_tiles, ksplit=1, kper=0, items=n_tiles, sid=1)
+    ring = SimpleNamespace(slab_w=slab_w, nslots=nslots, bm=128)
+    runtime._choose_ksplit(step, ring, workers, [])
+    assert model.runtime_ksplit(n_tiles, workers, k, slab_w, nslots * nb * 128 * cols * 4) == step.ksplit
+
+
+def test_split_k_consumer_servers_by_hand():
+    # gpt3 t64's fc2 behind a split_k queue: 96 column tiles, K = 49152 in 128-column slabs, 58
+    # SMs = 116 workers: the runtime splits K in 6 ranges (576 items); a unit (one of 16 slabs)
+    # spreads over every worker while an item covers 16 / 6 slabs of one tile:
+    # 16 x 116 / (6 x 96) = 3.2 -> the nearest divisor of 16 units: 4 servers
+    from kitsune_dse.cost import pipeline as model
+    assert model.runtime_ksplit(96, 116, 49152, 128, 1 * 1 * 64 * 12288 * 4) == 6
+    assert model.servers_for(1.0, 16 * 116 / (6 * 96), 16, 16) == 4
+    assert model.servers_for(1.0, 1.2, 16, 16) == 1 and model.servers_for(1.0, 7.0, 4, 16) == 4
 
 
 def _dense_schedule(shape, tau, workers, sync_s):

@@ -60,6 +60,8 @@ def test_example_plans_build_every_variant(path):
                                                                "fusion", "fusion-graph", "cublas"])
     names = [v.name for v in vs]
     assert names[:1] == ["plan"] and "bsp-eager" in names and "fusion" in names
+    if region["strategy"] in ("bsp", "fusion"):      # one CUDA graph, as the explorer prices it
+        assert vs[0].graph_mode
     for v in vs:
         src = v.build()
         assert 'extern "C" __global__' in src

@@ -15,6 +15,7 @@ stage sees every weight again for every row-block it processes).
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field, replace
 
@@ -24,8 +25,9 @@ from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
-from kitsune_dse.cost.roofline import MEM_TILE_BYTES, KernelWork, gemm_tiles, weight_reread_bytes
-from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_time  # noqa: F401
+from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
+                                       weight_reread_bytes)
+from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_time
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
@@ -287,7 +289,8 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         "weight_reread_bytes": reread, "queue_bytes": core.queue_bytes,
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
         "weights_resident": list(core.resident), "stage_shapes": list(core.shapes),
-        "stage_single_works": list(core.single), "stage_inflight": list(core.inflight)}
+        "stage_single_works": list(core.single), "stage_inflight": list(core.inflight),
+        "stage_splitk": list(core.splitk)}
 
 
 @dataclass(frozen=True)
@@ -303,6 +306,7 @@ class _StageWorks:
     resident: tuple[bool, ...]
     single: tuple[KernelWork | None, ...]   # one-step stages: the step on one unit alone
     inflight: tuple[int, ...]               # units a stage's rings let it hold at once
+    splitk: tuple[dict | None, ...]         # one-step split_k consumers: what their K split needs
 
 
 def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
@@ -353,7 +357,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
         if j < J - 1:
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
-    out, shapes, read_terms, single = [], [], [], []
+    out, shapes, read_terms, single, splitk = [], [], [], [], []
     tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
@@ -432,13 +436,16 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                 single.append(work if k_inf == 1 else
                               _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
                                          1, c.tile_rows, slabs, reread_info))
+                splitk.append(_splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None)
         if len(atoms) > 1:
             single.append(None)
+            splitk.append(None)
         out.append(tuple(works))
         shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
     return _StageWorks(tuple(out), tuple(shapes), tuple(read_terms), tot_w, queue_bytes, spill,
                        write_back, tuple(resident), tuple(single),
-                       tuple(i if len(a) == 1 else 1 for i, a in zip(inflight, stage_atoms)))
+                       tuple(i if len(a) == 1 else 1 for i, a in zip(inflight, stage_atoms)),
+                       tuple(splitk))
 
 
 # The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
@@ -513,13 +520,78 @@ def servers_for(t, single_t, cap: int, units: int):
     return divs[k].reshape(t.shape).astype(np.int64)
 
 
+def _stage_ratio(totals: dict, j: int, spec: HwSpec, sms, t):
+    """One unit's latency over the per-unit time of stage j (scalar or per SM count), or None
+    for a stage of one server. A split_k consumer's unit latency is the runtime's item: one
+    output tile over its K range (runtime_ksplit), slabs / ksplit units of one tile's work,
+    while the stage's workers share every unit: ratio = slabs x workers / (ksplit x row-blocks
+    per unit x tiles per row-block)."""
+    w1, cap = totals["stage_single_works"][j], totals["stage_inflight"][j]
+    if w1 is None or cap <= 1:
+        return None
+    sk = totals["stage_splitk"][j]
+    if sk is None:
+        return stage_unit_time([w1], spec, sms, None) / np.maximum(np.asarray(t, dtype=float), 1e-30)
+    out = []
+    for s in np.atleast_1d(np.asarray(sms)):
+        W = TEAMS_PER_SM * int(s)
+        ks = runtime_ksplit(sk["n_tiles"], W, sk["k"], sk["slab_w"], sk["ws_per_split"])
+        out.append(sk["slabs"] * W / (ks * sk["rb_per_unit"] * sk["n_tiles"]))
+    return np.array(out) if np.ndim(sms) else out[0]
+
+
 def stage_servers(totals: dict, spec: HwSpec, sms, t, units: int) -> np.ndarray:
     """servers_for of every stage at its SM count (sms: one per stage; t: per-unit times)."""
     out = np.ones(len(t), dtype=np.int64)
-    for j, (w1, cap) in enumerate(zip(totals["stage_single_works"], totals["stage_inflight"])):
-        if w1 is not None and cap > 1:
-            out[j] = int(servers_for(t[j], stage_unit_time([w1], spec, sms[j], None), cap, units))
+    for j, cap in enumerate(totals["stage_inflight"]):
+        ratio = _stage_ratio(totals, j, spec, sms[j], t[j])
+        if ratio is not None:
+            out[j] = int(servers_for(t[j], ratio * t[j], cap, units))
     return out
+
+
+# The runtime's K split of a split_k consumer (validate/lower.py _choose_ksplit, which keeps its
+# own copy: the GPU harness imports no pydantic-backed module; a test checks they agree)
+KSPLIT_MIN_RANGE = 1024
+KSPLIT_WS_BYTES = 24 * 2**20
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def runtime_ksplit(n_tiles: int, workers: int, k: int, slab_w: int, ws_per_split: int) -> int:
+    """K ranges per output tile the runtime gives a split_k consumer GEMM of n_tiles column
+    tiles per row-block on `workers` workers (K fed in slabs of slab_w columns)."""
+    nslabs = -(-k // slab_w)
+    best, best_t = 1, float(-(-n_tiles // workers))
+    s_max = max(1, min(32, nslabs, KSPLIT_WS_BYTES // max(1, ws_per_split)))
+    for s in range(2, s_max + 1):
+        per = -(-nslabs // s)
+        if per * slab_w < KSPLIT_MIN_RANGE:
+            break
+        s_eff = -(-nslabs // per)
+        t = -(-(n_tiles * s_eff) // workers) * per / nslabs
+        if t < 0.9 * best_t:
+            best, best_t = s_eff, t
+    return best
+
+
+def _splitk_info(region: Region, plan: StagePlan, j: int, atom, bm: int, rbs: int) -> dict:
+    """What runtime_ksplit needs of stage j's split_k consumer GEMM (validate/lower.py's view:
+    the producer publishes slabs of its output tile width, 64 columns for a dual GEMM)."""
+    g = region.graph
+    c = plan.choice
+    gemms = [g.op(o) for o in atom if g.op(o).info.gemm is not None]
+    a = gemms[0].inputs[0]
+    nb = sum(1 for op in gemms if op.inputs[0] == a)
+    src = g.producer(a)
+    src_atom_gemms = [o for o in c.stages[j - 1] if g.op(o).info.gemm is not None
+                      and g.op(o).inputs[0] == g.op(src).inputs[0]] if src else []
+    slab_w = 64 if len(src_atom_gemms) == 2 else PIPE_TILE_COLS
+    gd = gemms[0].info.gemm
+    rb_per_unit = max(1, c.tile_rows // bm)
+    nslots = min(c.depths[j - 1] * rb_per_unit, rbs)
+    return {"n_tiles": _atom_items(g, atom, bm, rbs), "k": gd.k, "slab_w": slab_w,
+            "ws_per_split": nslots * nb * bm * gd.n * 4, "slabs": plan.slabs,
+            "rb_per_unit": rb_per_unit}
 
 
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
@@ -534,7 +606,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     used = sum(c.sms)
     dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
-    bw_bound = dram / spec.hbm_bandwidth_from(used)
+    bw_bound = max(dram / spec.hbm_bandwidth_from(used), _stream_floor(works, spec, used, units))
     if bw_bound > sim.makespan_s:
         # the stages share one DRAM: when together they ask for more than the chip delivers,
         # every stage slows by the same factor (keeps the per-tile timeline consistent)
@@ -560,6 +632,25 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
                    "queue_tensors": [list(q) for q in plan.queue_tensors],
                    **{k: v for k, v in totals.items() if k not in ("dram_read_bytes", "dram_write_bytes")}},
     ).check()
+
+
+def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
+    """The stages share one DRAM: a memory-bound step streams its bytes no faster than the
+    same step over all the stages' work would on all the pipeline's SMs (measured: gpt3 t64's
+    two weight-streaming GEMMs on 74 + 58 SMs took 1,159 us, 2.1 TB/s, where one GEMM alone
+    streams at 2.2 TB/s on 66 or 132 SMs). Compute-bound steps add their bytes at the chip's
+    streaming bandwidth."""
+    floor = 0.0
+    bw = spec.hbm_bandwidth_from(used)
+    for stage in works:
+        for w in stage:
+            if not w.dram_bytes:
+                continue
+            f = units / max(1, w.inflight)
+            whole = w.scaled(f, tiles=max(1, math.ceil(w.tiles * f)))
+            lat, p = kernel_time(whole, spec, used, parts=True)
+            floor += lat if p["dram_s"] >= p["compute_s"] else whole.dram_bytes / bw
+    return floor
 
 
 def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, ...], slabs: int,
@@ -596,7 +687,8 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
         tab[j, 1:] = stage_unit_time(w, spec, axis, sh)
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
-    for j, (w1, cap) in enumerate(zip(totals["stage_single_works"], totals["stage_inflight"])):
-        if w1 is not None and cap > 1:
-            srv[j, 1:] = servers_for(tab[j, 1:], stage_unit_time([w1], spec, axis, None), cap, units)
+    for j, cap in enumerate(totals["stage_inflight"]):
+        ratio = _stage_ratio(totals, j, spec, axis, tab[j, 1:])
+        if ratio is not None:
+            srv[j, 1:] = servers_for(tab[j, 1:], ratio * tab[j, 1:], cap, units)
     return tab, srv, totals

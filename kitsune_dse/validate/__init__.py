@@ -39,7 +39,8 @@ that; every value needed outside a group is stored.
 
 Variants per region (runtime.make_variants)
   plan          a pipeline region -> the persistent kernel below; a bsp / fusion region -> its
-                kernel groups, eager (tilesync / concurrent: run as fusion groups, noted)
+                kernel groups as one CUDA graph (as the explorer prices them); tilesync /
+                concurrent -> programmatic dependent launches with flag hand-offs (tilesync.py)
   bsp-eager     one standalone kernel per op, eager launches (CuPy RawKernel)
   bsp-graph     the same kernels captured once in a CUDA graph (stream capture) and replayed
   fusion / fusion-graph   one kernel per plan "kernels" group, eager / CUDA graph

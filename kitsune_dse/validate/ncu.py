@@ -82,18 +82,20 @@ def ncu_dram_bytes(plan: dict, retarget: bool = False, variants=None, timeout_s:
 def profile_region(reg, region: dict, info, variants: list[str], stream, flush, on_range) -> None:
     """Inside an ncu child: each variant of one region run once to check it, then once more in
     its own profiler range on a flushed L2; on_range(variant) after each range. Tilesync and
-    concurrent kernels run in plain stream order (range replay takes no programmatic launches:
-    the same kernels and tiles, so the DRAM bytes are theirs)."""
+    concurrent kernels run in plain stream order (range replay takes no programmatic launches
+    and no stream capture: the same kernels and tiles, so the DRAM bytes are theirs)."""
     import cupy as cp
 
     from kitsune_dse.validate.harness import _fill_inputs
     from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant, make_variants
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant, make_variants
     tensors = Tensors(reg)
     _fill_inputs(reg, tensors, input_roles(reg))
     for v in make_variants(reg, region, tensors, info, 1.0, variants):
         if isinstance(v, TilesyncVariant):
-            v.programmatic, v.graph_mode = False, False
+            v.programmatic = False
+        if isinstance(v, StandaloneVariant):   # stream capture inside a replayed range fails
+            v.graph_mode = False
         try:
             v.prepare()
             v.pre(False)

@@ -578,8 +578,9 @@ def make_variants(reg: Region, plan_region: dict, tensors: Tensors, info: Device
             if want is not None and "plan-1team" in want:
                 out.append(PipelineVariant("plan-1team", reg, tensors, info, plan_region, timeout_s, teams=1))
         elif strategy in ("bsp", "fusion"):
+            # as the explorer prices them: the region's kernels as one CUDA graph
             groups = bsp_groups(reg) if strategy == "bsp" else fusion_groups(reg)
-            out.append(StandaloneVariant("plan", reg, tensors, info, groups, prefix="plan"))
+            out.append(StandaloneVariant("plan", reg, tensors, info, groups, graph=True, prefix="plan"))
         elif strategy == "tilesync":
             out.append(TilesyncVariant("plan", reg, tensors, info, fusion_groups(reg), "tilesync",
                                        timeout_s=timeout_s))
