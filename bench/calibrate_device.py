@@ -453,6 +453,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                   for r in raw.get("tile_gemm_shapes", []) if r.get(key)]
         if sp is harness:
             data["gemm_tile_shapes"] = [[128, 128], [64, 128]]
+            data["gemm_tile_rows_follow_m"] = True      # codegen.choose_gemm_tile: 64 rows only for M <= 64
         if shapes:
             g = fit_standalone_gemm(spec_from_dict(data, name), shapes)
             data["efficiency"]["tensor_core"] = g["tensor_core"]

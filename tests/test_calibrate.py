@@ -189,3 +189,24 @@ def test_merge_raw_takes_the_median_of_each_measurement():
     assert m["pipe_rows"][0]["time_s"] == 2.0 and m["pipe_rows"][0]["correct"] is True
     assert m["pipe_rows"][1]["time_s"] == 7.0                # measured in one run only
     assert m["env"] == {"date": "a"} and m["merged_from"] == ["a", "b", "c"]
+
+
+def test_l2_residency_fit_is_the_half_hit_crossing():
+    # re-read hits 0.9 up to 24 MiB, 0.6 at 28, 0.2 at 32: one half is crossed at 29 MiB
+    from kitsune_dse.calibrate.fit import fit_l2_residency
+    MiB = 2**20
+    rows = [{"bytes": b * MiB, "hit_reread": h} for b, h in ((8, 0.9), (16, 0.85), (24, 0.9), (28, 0.6),
+                                                             (32, 0.2), (40, 0.1), (48, 0.55))]
+    f = fit_l2_residency(rows, 50 * MiB)
+    assert f["capacity_bytes"] == pytest.approx(29 * MiB)
+    assert f["l2_usable_fraction"] == pytest.approx(29 / 50)
+    # never below one half: all of what was measured; below from the start: the smallest size
+    assert fit_l2_residency(rows[:3], 50 * MiB)["capacity_bytes"] == 24 * MiB
+    assert fit_l2_residency([{"bytes": 8 * MiB, "hit_reread": 0.1}], 50 * MiB)["capacity_bytes"] == 8 * MiB
+    # and calibrated_spec takes it
+    base = load_spec("h100-sxm")
+    m = {"hbm_read": [(s, float(saturating(s, 40e9, 2.9e12, 3))) for s in SMS],
+         "l2_read": [(s, float(saturating(s, 90e9, 7.3e12, 3))) for s in SMS], "l2_residency": rows}
+    spec, _ = calibrated_spec(base, m, date="2026-11-22")
+    assert spec.l2_usable_bytes == pytest.approx(29 * MiB / (50 * MiB) * base.l2_bytes)
+    assert spec.calibration.l2_residency_capacity_bytes == pytest.approx(29 * MiB)

@@ -102,7 +102,12 @@ def test_one_stage_equals_the_fused_kernel_on_all_sms(tile_rows):
     e = pipeline(r, H100, PipelineChoice((("fc1", "gelu"),), (132,), tile_rows))
     (w,) = kernel_works(r, [("fc1", "gelu")], H100)
     W = 4096 * 16384 * 2 + 16384 * 2                   # w1 and its bias
+    # (the standalone kernel streams w1 once per group of 8 row-blocks of its tile; the
+    # persistent step's passes are its weight_pass_bytes below)
+    passes = -(-(2048 // w.tile_shape[0]) // 8)
+    assert w.dram_read_bytes == pytest.approx(2048 * 4096 * 2 + passes * 4096 * 16384 * 2 + 16384 * 2)
     w = replace(w, tiles=16 * 128, tile_shape=(128, 128), split_k=1, ctas_per_sm=2, persistent=True,
+                dram_read_bytes=2048 * 4096 * 2 + W,
                 l2_bytes=w.l2_bytes - split_k_partials_bytes(1, 2048, 16384, w.split_k),
                 weight_pass_bytes=W, rbs=16, items_per_rb=128, rbs_at_once_max=16)
     assert e.latency_s == pytest.approx(kernel_time(w, H100, 132) + 0.8e-6, rel=1e-12)

@@ -54,8 +54,14 @@ def test_compute_bound_gemm_on_all_sms_equals_flops_over_peak():
     expected = 2 * 16896 * 2048 * 4096 / (989.4e12 * 0.76 / 132 * 132)     # 376.98 us
     assert lat == pytest.approx(expected, rel=1e-9)
     assert parts["waves"] == 8
-    # DRAM: x 16896*4096*2 + w 4096*2048*2 read, y 16896*2048*2 written, all SMs pulling
-    dram = (16896 * 4096 * 2 + 4096 * 2048 * 2 + 16896 * 2048 * 2) / hbm_curve(132)
+    # DRAM: x and w as the grid's 4 waves read them (cost.gemm_l2): a wave of 264 CTAs touches
+    # all of w and 33 row-blocks of x, 51 MB, beyond the usable L2, so w is read in every wave
+    # and the row-blocks of the 3 groups of 8 that straddle a wave boundary twice;
+    # y 16896*2048*2 written, all SMs pulling
+    from kitsune_dse.cost.gemm_l2 import grid_reads
+    a, b = grid_reads(16896, 2048, 4096, 128, 256, 2, 264, H100.l2_usable_bytes)
+    assert a == (132 + 3 * 8) * 128 * 4096 * 2 and b == 4 * 4096 * 2048 * 2
+    dram = (a + b + 16896 * 2048 * 2) / hbm_curve(132)
     assert parts["dram_s"] == pytest.approx(dram, rel=1e-9) and dram < expected
     # the whole-graph BSP estimate adds one CUDA-graph node
     assert bsp(Region.of(g), H100).latency_s == pytest.approx(expected + 0.8e-6, rel=1e-9)

@@ -11,6 +11,7 @@ from hypothesis import given, note, settings
 
 from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, describe, examples,
                             gemm_graph, mlp_graph, small_graphs)
+from kitsune_dse.cost.gemm_l2 import grid_reads, raster
 from kitsune_dse.cost.region import Region, kernel_works
 from kitsune_dse.cost.roofline import split_k_partials_bytes
 from kitsune_dse.cost.strategies import bsp, bsp_groups, fusion, fusion_groups
@@ -166,12 +167,39 @@ def test_gpt3_mlp_bsp_traffic_by_hand():
     o = y = T * H * 2
     reads = [w.dram_read_bytes for w in works]
     writes = [w.dram_write_bytes for w in works]
-    assert reads == [x + w1 + b1, h, a + w2 + b2, o + x]
+    # each GEMM reads its operands again where later waves of its grid miss L2 (gemm_l2): the
+    # 1.125 GiB weights at least once per group of 8 row-blocks (2048 rows: 2 groups)
+    budget = H100.l2_usable_bytes
+
+    def again(w, m, n, k):
+        a, b = grid_reads(m, n, k, w.tile_shape[0], w.tile_shape[1], 2, 2 * H100.sm_count, budget)
+        assert b >= 2 * k * n * 2
+        return a - m * k * 2 + b - k * n * 2
+    assert reads == [x + w1 + b1 + again(works[0], T, F, H), h, a + w2 + b2 + again(works[2], T, H, F), o + x]
     assert writes == [h, a, o, y]
     e = fusion(Region.of(g), H100)
     # fused [fc1, gelu], [fc2, residual]: h and o never leave the kernel; a is 192 MiB
-    assert e.dram_read_bytes == x + w1 + b1 + a + w2 + b2 + x
+    f1, f2 = kernel_works(Region.of(g), [("fc1", "gelu"), ("fc2", "residual")], H100)
+    assert e.dram_read_bytes == x + w1 + b1 + a + w2 + b2 + x + again(f1, T, F, H) + again(f2, T, H, F)
     assert e.dram_write_bytes == a + y
+
+
+def test_grid_reads_by_hand():
+    MiB = 2**20
+    # grouped raster: 16 row-blocks x 64 column tiles, groups of 8 row-blocks over every column
+    rb, ct = raster(16, 64)
+    assert (rb[:9].tolist(), ct[:9].tolist()) == ([0, 1, 2, 3, 4, 5, 6, 7, 0], [0] * 8 + [1])
+    assert (rb[512], ct[512]) == (8, 0)
+    # one wave holds the whole grid (8 x 8 tiles of 1 MiB operand blocks): each read once
+    assert grid_reads(1024, 1024, 4096, 128, 128, 2, 264, 40 * MiB) == (8 * MiB, 8 * MiB)
+    # 2048 x 8192 x 4096 in waves of 64 CTAs (8 row-blocks x 8 column tiles: 8 + 8 MiB of
+    # operands, 2 MiB of output per wave). A 32 MiB L2 keeps a group's row-blocks from wave to
+    # wave; the columns come back one group (8 waves, 144 MiB) later: B streams twice
+    assert grid_reads(2048, 8192, 4096, 128, 128, 2, 64, 32 * MiB) == (16 * MiB, 128 * MiB)
+    # an 8 MiB L2 keeps nothing from one wave to the next: A again in every wave of its group
+    assert grid_reads(2048, 8192, 4096, 128, 128, 2, 64, 8 * MiB) == (128 * MiB, 128 * MiB)
+    # everything fits: once
+    assert grid_reads(2048, 8192, 4096, 128, 128, 2, 64, 1024 * MiB) == (16 * MiB, 64 * MiB)
 
 
 @settings(max_examples=examples(80), deadline=None)

@@ -79,6 +79,9 @@ def calibrated_spec(base: HwSpec, m: dict, date: str | None = None,
         data["sync_latency_s"] = m["sync_latency_s"]
     if m.get("persistent_launch_s"):
         data["persistent_launch_s"] = m["persistent_launch_s"]
+    l2_res = fit_l2_residency(m["l2_residency"], base.l2_bytes) if m.get("l2_residency") else None
+    if l2_res:
+        eff["l2_usable_fraction"] = l2_res["l2_usable_fraction"]
     data["efficiency"] = eff
     data["name"] = f"{base.name}.calibrated"
     dev = m.get("device", {})
@@ -91,12 +94,36 @@ def calibrated_spec(base: HwSpec, m: dict, date: str | None = None,
         "hbm_curve_source": "harness persistent-stage microbenchmark (pipe_ew_sms)"
         if hbm_points is not m["hbm_read"] else "streaming-read microbenchmark (hbm_read)",
         "method": "microbenchmarks only (HBM/L2 read vs SMs, FP32 FMA loop, cuBLAS GEMM, "
-                  "launch overhead eager and in a CUDA graph, flag ping-pong)",
+                  "launch overhead eager and in a CUDA graph, flag ping-pong, L2 residency vs size)",
         **residuals}
+    if l2_res:
+        data["calibration"]["l2_residency_capacity_bytes"] = l2_res["capacity_bytes"]
     if dev.get("sm_count") and dev["sm_count"] != base.sm_count:
         data["sm_count"] = dev["sm_count"]
     spec = spec_from_dict(data, "calibration")
     return spec, residuals
+
+
+def fit_l2_residency(rows: list[dict], l2_bytes: float, key: str = "hit_reread") -> dict:
+    """The L2 capacity that keeps data for the next kernel: the size at which the share of a
+    re-read tensor found in L2 (microbench.Bench.l2_residency) falls through one half, linearly
+    interpolated between the sizes measured; as a fraction of the L2 (l2_usable_fraction).
+    Measured on the H100: re-read data holds to ~24 MiB and is mostly gone by 32 MiB, written
+    data holds longer (the residency rule of cost.region counts neither the consumer's own other
+    traffic nor which kernel wrote the bytes, so it takes the re-read curve)."""
+    pts = sorted((float(r["bytes"]), float(r[key])) for r in rows if r.get(key) is not None)
+    if not pts:
+        raise ValueError("no L2 residency measurements")
+    cap = pts[-1][0]
+    for (b0, h0), (b1, h1) in zip(pts, pts[1:]):
+        if h0 >= 0.5 > h1:
+            cap = b0 + (b1 - b0) * (h0 - 0.5) / (h0 - h1)
+            break
+    else:
+        if pts[0][1] < 0.5:
+            cap = pts[0][0]
+    return {"capacity_bytes": cap, "l2_usable_fraction": min(1.0, cap / l2_bytes), "curve": key,
+            "points": len(pts)}
 
 
 def check_finite(m: dict) -> None:
@@ -183,16 +210,20 @@ def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp1
     """The model's time of one standalone GEMM kernel C[m,n] = A[m,k] B[k,n] (operands read and
     the result written once), as a bsp kernel is priced: the roofline of the best CTA tile the
     spec's GEMM library offers, plus the per-kernel fixed cost."""
+    from kitsune_dse.cost.gemm_l2 import grid_reads
     from kitsune_dse.cost.roofline import KernelWork, best_gemm_tile, gemm_tiles, split_k_partials_bytes
     nbytes = DTYPE_BYTES[dtype]
 
     def make(tile, ks):
+        # operands read from DRAM as kernel_works prices a GEMM: again where later waves miss L2
+        reads = (sum(grid_reads(m, n, k, tile[0], tile[1], nbytes, 2 * spec.sm_count, spec.l2_usable_bytes))
+                 if ks == 1 else (m * k + k * n) * nbytes)
         return KernelWork(name="gemm", dtype=dtype, tensor_flops=2.0 * m * n * k,
-                          dram_read_bytes=float((m * k + k * n) * nbytes),
+                          dram_read_bytes=float(reads),
                           dram_write_bytes=float(m * n * nbytes),
                           l2_bytes=split_k_partials_bytes(1, m, n, ks),
                           tiles=gemm_tiles(1, m, n, tile) * ks, tile_shape=tile, split_k=ks)
-    return best_gemm_tile(make, spec, spec.sm_count, k)[1] + spec.kernel_fixed_s
+    return best_gemm_tile(make, spec, spec.sm_count, k, m)[1] + spec.kernel_fixed_s
 
 
 def fit_standalone_gemm(spec: HwSpec, rows: list[dict]) -> dict:

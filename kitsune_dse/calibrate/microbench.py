@@ -119,6 +119,50 @@ class Bench:
         t = self._time(run)
         return n_vec * 16 * iters / t
 
+    def l2_residency(self, sizes_mib=(4, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 56),
+                     runs: int = 5) -> list[dict]:
+        """How much of a tensor stays in L2 for the next kernel: per size, the time to read it on
+        every SM right after a 256 MiB flush (cold: from DRAM), right after a kernel wrote it
+        (written) and right after a kernel read it (reread), and the time of an L2-hot read
+        (the fourth read of four back to back). hit = (cold - t) / (cold - hot), clipped to
+        [0, 1]: the share of its bytes the next kernel finds in L2."""
+        cp = self.cp
+        flush = cp.empty(256 * 2**20 // 4, dtype=cp.int32)
+        f = self.mod.get_function("stream_read")
+        sink = cp.zeros(1, dtype=cp.uint64)
+        S = self.sm_count
+        out = []
+        for mib in sizes_mib:
+            buf = cp.ones(mib * 2**20 // 4, dtype=cp.int32)
+            n_vec = buf.size // 4
+
+            def read(iters=1):
+                f((S,), (1024,), (buf, cp.uint64(n_vec), cp.int32(iters), sink), shared_mem=self.smem_one_cta)
+
+            def timed(before) -> float:
+                ts = []
+                for r in range(runs + 1):
+                    flush.fill(r)
+                    before()
+                    a, b = cp.cuda.Event(), cp.cuda.Event()
+                    a.record()
+                    read()
+                    b.record()
+                    b.synchronize()
+                    if r:
+                        ts.append(cp.cuda.get_elapsed_time(a, b) * 1e-3)
+                return statistics.median(ts)
+            cold = timed(lambda: None)
+            written = timed(lambda: buf.fill(1))
+            reread = timed(read)
+            hot = self._time(lambda: read(4), runs=runs) / 4
+            span = max(cold - hot, 1e-12)
+            out.append({"bytes": mib * 2**20, "cold_s": cold, "written_s": written, "reread_s": reread,
+                        "hot_s": hot, "hit_written": min(1.0, max(0.0, (cold - written) / span)),
+                        "hit_reread": min(1.0, max(0.0, (cold - reread) / span))})
+            del buf
+        return out
+
     def fp32_rate(self) -> float:
         cp = self.cp
         f = self.mod.get_function("fma_loop")
@@ -205,7 +249,7 @@ def run_all(progress=None) -> dict:
     b = Bench()
     S = b.sm_count
     sm_points = sorted({1, 2, 4, 8, 16, 24, 33, 48, 66, 99, S} & set(range(1, S + 1)))
-    steps = len(sm_points) * 2 + 5
+    steps = len(sm_points) * 2 + 6
     done = [0]
 
     def tick(what):
@@ -236,6 +280,8 @@ def run_all(progress=None) -> dict:
     tick("launch overhead")
     m["sync_latency_s"] = b.handoff_latency()
     tick("flag hand-off latency")
+    m["l2_residency"] = b.l2_residency()
+    tick("L2 residency vs size")
     return m
 
 

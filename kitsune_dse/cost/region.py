@@ -10,7 +10,9 @@ kernel touches whether it crosses DRAM:
     usable L2 together with the traffic of the kernels in between; an L2-resident intermediate
     costs no DRAM bytes (its buffer is overwritten while still in L2) but L2 bandwidth;
   * graph outputs are always written to DRAM; a tensor handed to another region stays in L2 when
-    it fits (handed_over), otherwise it is written and re-read.
+    it fits (handed_over), otherwise it is written and re-read;
+  * a GEMM whose operands come from DRAM reads them again where later waves of its grid no
+    longer find them in L2 (cost.gemm_l2.grid_reads).
 """
 from __future__ import annotations
 
@@ -21,10 +23,11 @@ from functools import cached_property
 
 import numpy as np
 
+from kitsune_dse.cost.gemm_l2 import grid_reads
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
                                        gemm_tile_options, gemm_tiles, split_k_partials_bytes)
-from kitsune_dse.graph.ir import Graph, OpClass
+from kitsune_dse.graph.ir import DTYPE_BYTES, Graph, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
 
@@ -180,7 +183,7 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
     written_to_dram: set[str] = set()
     works = []
     for i, (grp, (reads, writes)) in enumerate(zip(groups, rw)):
-        d_r = l2_r = 0.0
+        d_r = l2_r = w_dram = a_dram = 0.0
         for t, b in reads.items():
             j = last_touch.get(t)
             between = prefix[i] - prefix[j + 1] if j is not None else math.inf
@@ -189,6 +192,11 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
                 l2_r += b
             else:
                 d_r += b
+                gemm_ops = [g.op(o) for o in grp if g.op(o).info.gemm is not None]
+                if any(op.inputs[1:2] == (t,) for op in gemm_ops):
+                    w_dram += b     # a GEMM's B operand from DRAM (gemm_l2: re-read by later waves)
+                elif any(op.inputs[:1] == (t,) for op in gemm_ops):
+                    a_dram += b
                 if g.producer(t) in region.op_set:
                     written_to_dram.add(t)
             last_touch[t] = i
@@ -198,7 +206,7 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
             if ((t in region.outputs or any(x in region.outputs for x in _view_closure(g, t)))
                     and not handed_over(region, spec, t)):
                 d_w += b
-        works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r))
+        works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram))
     # an intermediate evicted before its consumer ran had to be written to DRAM first
     extra = {}
     for t in written_to_dram:
@@ -215,12 +223,14 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
 
 
 def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
-               dram_write: float, l2_read: float) -> KernelWork:
-    """KernelWork for a fused group with the given traffic; a GEMM group picks its CTA tile.
+               dram_write: float, l2_read: float, b_dram: float = 0.0, a_dram: float = 0.0) -> KernelWork:
+    """KernelWork for a fused group with the given traffic (b_dram / a_dram: the parts of
+    dram_read that are its GEMM's B and A operands, read once); a GEMM group picks its CTA tile.
     Memoised for one SM count: every window holding the group asks again (same traffic)."""
     if np.ndim(sms):
-        return _group_work(region.graph, tuple(group), spec, sms, dram_read, dram_write, l2_read)
-    key = (region.graph, tuple(group), sms, dram_read, dram_write, l2_read)
+        return _group_work(region.graph, tuple(group), spec, sms, dram_read, dram_write, l2_read,
+                           b_dram, a_dram)
+    key = (region.graph, tuple(group), sms, dram_read, dram_write, l2_read, b_dram, a_dram)
     memo = table(spec, "group_work")
     hit = memo.get(key)
     if hit is None:
@@ -229,7 +239,7 @@ def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_r
 
 
 def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
-                dram_write: float, l2_read: float) -> KernelWork:
+                dram_write: float, l2_read: float, b_dram: float = 0.0, a_dram: float = 0.0) -> KernelWork:
     infos = [g.op(o).info for o in group]
     tensor = sum(i.flops for i in infos if i.unit == "tensor")
     simt = sum(i.flops for i in infos if i.unit == "simt")
@@ -241,12 +251,20 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
         gd = i.gemm
 
         def make(tile, ks):
+            again = 0.0
+            if (b_dram or a_dram) and gd.batch == 1 and ks == 1:
+                # operand tiles later waves of the grid read again (cost.gemm_l2)
+                e = DTYPE_BYTES[dtype]
+                ar, br = grid_reads(gd.m, gd.n, gd.k, tile[0], tile[1], e, 2 * int(np.max(sms)),
+                                    spec.l2_usable_bytes)
+                again = (max(0.0, ar - gd.m * gd.k * e) if a_dram else 0.0) + \
+                        (max(0.0, br - gd.k * gd.n * e) if b_dram else 0.0)
             return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,
-                              dram_read_bytes=dram_read, dram_write_bytes=dram_write,
+                              dram_read_bytes=dram_read + again, dram_write_bytes=dram_write,
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
                               split_k=ks)
-        return best_gemm_tile(make, spec, sms, gd.k)[0]
+        return best_gemm_tile(make, spec, sms, gd.k, gd.m)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))
     return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,

@@ -259,12 +259,20 @@ def gemm_tiles(batch: int, m: int, n: int, tile: tuple[int, int]) -> int:
 SPLIT_K = (1, 2, 4, 8, 16)
 
 
-def best_gemm_tile(work_for_tile, spec: HwSpec, sms, k: int | None = None) -> tuple[KernelWork, float]:
+def best_gemm_tile(work_for_tile, spec: HwSpec, sms, k: int | None = None,
+                   m: int | None = None) -> tuple[KernelWork, float]:
     """Pick the CTA tile (and split-K factor, for GEMMs with too few output tiles to fill the
     SMs) with the lowest latency on `sms` SMs, as a GEMM library's heuristic would;
-    `work_for_tile(tile, split_k) -> KernelWork`. Ties go to the larger tile, then no split."""
+    `work_for_tile(tile, split_k) -> KernelWork`. Ties go to the larger tile, then no split.
+    A spec with gemm_tile_rows_follow_m offers only the shortest tile rows covering M (rows per
+    batch)."""
     best = None
-    for tile in gemm_tile_options(spec):
+    tiles = gemm_tile_options(spec)
+    if spec.gemm_tile_rows_follow_m and m:
+        rows = sorted({t[0] for t in tiles})
+        want = next((r for r in rows if r >= m), rows[-1])
+        tiles = tuple(t for t in tiles if t[0] == want)
+    for tile in tiles:
         for ks in SPLIT_K:
             if ks > 1 and (k is None or k // ks < 256):
                 break

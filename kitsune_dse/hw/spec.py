@@ -33,6 +33,9 @@ def _dimension(field_name: str) -> str:
     return "count"
 
 
+_BOOL_FIELDS = ("gemm_tile_rows_follow_m",)
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -40,7 +43,7 @@ class _Strict(BaseModel):
     @classmethod
     def _units(cls, v, info: ValidationInfo):
         name = info.field_name or ""
-        if isinstance(v, bool) and name != "vendor":
+        if isinstance(v, bool) and name not in ("vendor", *_BOOL_FIELDS):
             raise ValueError("expected a number, not true/false")
         if isinstance(v, dict) and name in _PEAK_TABLES:
             out = {}
@@ -150,6 +153,9 @@ class HwSpec(_Strict):
     gemm_tile_shapes: list[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] | None = None
                                                 # CTA tiles (rows, cols) the GEMM library offers
                                                 # (None: cost.roofline.GEMM_TILES)
+    gemm_tile_rows_follow_m: bool = False       # the library takes the shortest tile rows that
+                                                # cover M (the harness: 64 only for M <= 64), not
+                                                # the fastest of gemm_tile_shapes
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
