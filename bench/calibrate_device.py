@@ -139,8 +139,8 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
     for _, _, _, vs in case_variants(info, cases=tile_cases() + STANDALONE_DIAG):
         srcs += [v.build() for v in vs]
     srcs += [v.build() for *_, v in pipe_variants(info)]
-    from kitsune_dse.validate.microbench import probe_variants
-    for _, _, _, vs in probe_variants(info):
+    from kitsune_dse.validate.microbench import chain_variants, probe_variants
+    for _, _, _, vs in probe_variants(info) + chain_variants(info):
         srcs += [v.build() for v in vs]
     srcs = list(dict.fromkeys(srcs))
     out = ROOT / "bench/.cubin_cache"
@@ -185,14 +185,15 @@ def measure_tiles(runs: int, log) -> tuple[list, list, list]:
     return squares, shapes, rows
 
 
-def measure_probes(runs: int, log) -> list[dict]:
+def measure_probes(runs: int, log, chains: bool = False) -> list[dict]:
     """Tilesync hand-off probes: each kernel plain (CUDA graph), counting its tiles, and also
-    waiting before each tile (validate.microbench.TILESYNC_PROBES)."""
+    waiting before each tile (validate.microbench.TILESYNC_PROBES); with `chains`, chains of
+    dependent GEMMs as a CUDA graph and under tilesync (TILESYNC_CHAINS)."""
     import cupy as cp
 
     from kitsune_dse.validate.harness import check_variant
     from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.microbench import probe_variants
+    from kitsune_dse.validate.microbench import chain_variants, probe_variants
     from kitsune_dse.validate.reference import input_roles
     from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
@@ -200,7 +201,7 @@ def measure_probes(runs: int, log) -> list[dict]:
     flush = L2Flusher()
     rows = []
     with stream:
-        for (name, dtype, kind, dims), _, reg, vs in probe_variants(info):
+        for (name, dtype, kind, dims), _, reg, vs in (chain_variants(info) if chains else probe_variants(info)):
             row = {"label": name, "kind": kind, "dims": list(dims)}
             for v in vs:
                 try:
@@ -297,6 +298,7 @@ def device(out: Path, runs: int, smoke: str) -> None:
     dump()
     try:
         raw["tilesync_probe_rows"] = measure_probes(max(5, runs), log)
+        raw["tilesync_chain_rows"] = measure_probes(max(5, runs), log, chains=True)
     except Exception:  # noqa: BLE001
         raw["probe_error"] = traceback.format_exc()
         log("probes FAILED\n" + raw["probe_error"])
@@ -453,7 +455,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                   for r in raw.get("tile_gemm_shapes", []) if r.get(key)]
         if sp is harness:
             data["gemm_tile_shapes"] = [[128, 128], [64, 128]]
-            data["gemm_tile_rows_follow_m"] = True      # codegen.choose_gemm_tile: 64 rows only for M <= 64
+            data["gemm_heuristic"] = "harness"          # codegen.choose_gemm_tile's tile and split-K
         if shapes:
             g = fit_standalone_gemm(spec_from_dict(data, name), shapes)
             data["efficiency"]["tensor_core"] = g["tensor_core"]

@@ -178,3 +178,15 @@ def test_the_sparse_replay_equals_the_dense_one_bit_for_bit(items, rbs, workers,
         work = (np.asarray(items, float)[:, None] * tau).sum(axis=0) / w
         period = np.maximum((ends[-1] - ends[half - 1]) / (Rs - half), work)
         assert got.tobytes() == (ends[-1] + (rbs - Rs) * period).tobytes()
+
+
+@settings(max_examples=examples(80), deadline=None)
+@given(m=st.integers(1, 70000), n=st.integers(1, 50000), k=st.integers(16, 50000))
+def test_the_models_harness_gemm_choice_is_the_harnesss(m, n, k):
+    # cost.roofline.harness_gemm_choice is a copy of validate.codegen.choose_gemm_tile (one B)
+    from types import SimpleNamespace
+
+    from kitsune_dse.cost.roofline import harness_gemm_choice
+    from kitsune_dse.validate.codegen import choose_gemm_tile
+    got = choose_gemm_tile(SimpleNamespace(tile=None, rows=m, cols=n, k=k, nb=1), 132)
+    assert harness_gemm_choice(m, n, k, 132) == ((got["bm"], got["bn"]), got["splits"])

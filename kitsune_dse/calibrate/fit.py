@@ -223,7 +223,7 @@ def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp1
                           dram_write_bytes=float(m * n * nbytes),
                           l2_bytes=split_k_partials_bytes(1, m, n, ks),
                           tiles=gemm_tiles(1, m, n, tile) * ks, tile_shape=tile, split_k=ks)
-    return best_gemm_tile(make, spec, spec.sm_count, k, m)[1] + spec.kernel_fixed_s
+    return best_gemm_tile(make, spec, spec.sm_count, k, m, n)[1] + spec.kernel_fixed_s
 
 
 def fit_standalone_gemm(spec: HwSpec, rows: list[dict]) -> dict:

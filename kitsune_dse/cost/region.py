@@ -264,7 +264,7 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
                               split_k=ks)
-        return best_gemm_tile(make, spec, sms, gd.k, gd.m)[0]
+        return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))
     return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,
@@ -288,6 +288,8 @@ def _kernel_variants(g: Graph, group: tuple[str, ...], spec: HwSpec, work: Kerne
     if not gemms:
         return [work]
     gd = max(gemms, key=lambda i: i.flops).gemm
+    if spec.gemm_heuristic == "harness":      # its kernels have one tile and split each
+        return [work]
     base_l2 = work.l2_bytes - split_k_partials_bytes(gd.batch, gd.m, gd.n, work.split_k)
     out = []
     for tile in gemm_tile_options(spec):

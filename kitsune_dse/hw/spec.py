@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
                       field_validator)
@@ -33,9 +33,6 @@ def _dimension(field_name: str) -> str:
     return "count"
 
 
-_BOOL_FIELDS = ("gemm_tile_rows_follow_m",)
-
-
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, validate_default=True)
 
@@ -43,7 +40,7 @@ class _Strict(BaseModel):
     @classmethod
     def _units(cls, v, info: ValidationInfo):
         name = info.field_name or ""
-        if isinstance(v, bool) and name not in ("vendor", *_BOOL_FIELDS):
+        if isinstance(v, bool) and name != "vendor":
             raise ValueError("expected a number, not true/false")
         if isinstance(v, dict) and name in _PEAK_TABLES:
             out = {}
@@ -153,9 +150,10 @@ class HwSpec(_Strict):
     gemm_tile_shapes: list[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] | None = None
                                                 # CTA tiles (rows, cols) the GEMM library offers
                                                 # (None: cost.roofline.GEMM_TILES)
-    gemm_tile_rows_follow_m: bool = False       # the library takes the shortest tile rows that
-                                                # cover M (the harness: 64 only for M <= 64), not
-                                                # the fastest of gemm_tile_shapes
+    gemm_heuristic: Literal["fastest", "harness"] = "fastest"
+                                                # how the GEMM library picks tile and split-K:
+                                                # the fastest of gemm_tile_shapes x SPLIT_K, or the
+                                                # validation harness's fixed rule (its kernels)
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step

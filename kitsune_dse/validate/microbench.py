@@ -28,6 +28,16 @@ CASES = [
 
 
 def case_model(kind: str, dtype: str, dims):
+    if kind == "chain":     # (rows, width, layers): GEMMs one after another, each [width, width]
+        m, width, layers = dims
+        ops, prev = [], "a"
+        for i in range(layers):
+            ops.append({"name": f"mm{i}", "kind": "matmul", "inputs": [prev, f"w{i}"], "outputs": [f"c{i}"]})
+            prev = f"c{i}"
+        d = {"name": f"chain{m}x{width}x{layers}", "dtype": dtype, "inputs": {"a": [m, width]},
+             "weights": {f"w{i}": [width, width] for i in range(layers)}, "ops": ops}
+        g = model_from_dict(d, "<microbench>")
+        return g, {"id": 0, "strategy": "bsp", "ops": [o.name for o in g.ops]}
     if kind == "matmul":
         m, n, k = dims
         d = {"name": f"mm{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
@@ -155,5 +165,31 @@ def probe_variants(info, cases=TILESYNC_PROBES):
         vs = [StandaloneVariant("plain", reg, tensors, info, groups, graph=True, prefix="mb"),
               TilesyncVariant("signal", reg, tensors, info, groups, "tilesync", probe="signal"),
               TilesyncVariant("both", reg, tensors, info, groups, "tilesync", probe="both")]
+        out.append(((name, dtype, kind, dims), region, reg, vs))
+    return out
+
+
+# chains of dependent GEMMs: a CUDA graph of their kernels against the same kernels under
+# tilesync (programmatic launches, per-row-block flags); one-wave and multi-wave producers
+TILESYNC_CHAINS = [
+    ("chain", "fp16", "chain", (2048, 1024, 2)),
+    ("chain", "fp16", "chain", (2048, 1024, 5)),
+    ("chain", "fp16", "chain", (2048, 512, 5)),
+    ("chain", "fp16", "chain", (8192, 1024, 3)),
+    ("chain", "fp16", "chain", (16384, 2048, 3)),
+]
+
+
+def chain_variants(info, cases=TILESYNC_CHAINS):
+    """(case, region, Region, [graph, tilesync]) per chain case (build only)."""
+    from kitsune_dse.validate.lower import bsp_groups
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
+    out = []
+    for name, dtype, kind, dims in cases:
+        g, region = case_model(kind, dtype, dims)
+        reg = Region(g, region)
+        tensors = Tensors(reg)
+        vs = [StandaloneVariant("graph", reg, tensors, info, bsp_groups(reg), graph=True, prefix="mb"),
+              TilesyncVariant("tilesync", reg, tensors, info, bsp_groups(reg), "tilesync")]
         out.append(((name, dtype, kind, dims), region, reg, vs))
     return out
