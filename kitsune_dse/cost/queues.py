@@ -137,19 +137,28 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
                 D[j, r::cj] = _stage_pass(t[j, r::cj], arr[r::cj], blk[r::cj])
         if np.array_equal(old, D):
             return D
-    D = np.empty((J, N))
+    # plain floats: NumPy's per-element access would cost more than the arithmetic
     tl, a0 = t.tolist(), arrive0.tolist()
-    bl = [k.tolist() for k in blockers]
+    bl = [k.tolist() for k in blockers] + [None]
+    cl = [int(x) for x in c]
+    rows = [[0.0] * N for _ in range(J)]
     for n in range(N):
+        up = None
         for j in range(J):
-            start = a0[n] if j == 0 else D[j - 1, n] + sync_s
-            if n >= c[j]:
-                start = max(start, D[j, n - c[j]])
+            Dj = rows[j]
+            start = a0[n] if up is None else up[n] + sync_s
+            cj = cl[j]
+            if n >= cj and Dj[n - cj] > start:
+                start = Dj[n - cj]
             d = start + tl[j][n]
-            if j < J - 1 and bl[j][n] >= 0:
-                d = max(d, D[j + 1, bl[j][n]] + sync_s)
-            D[j, n] = d
-    return D
+            bj = bl[j]
+            if bj is not None and bj[n] >= 0:
+                blk = rows[j + 1][bj[n]] + sync_s
+                if blk > d:
+                    d = blk
+            Dj[n] = d
+            up = Dj
+    return np.array(rows, dtype=float)
 
 
 def _result(t, D, arrive0, c, sync_s) -> QueueResult:
