@@ -402,3 +402,29 @@ def test_weight_streaming_stages_share_one_dram():
                                     + alone[1].dram_bytes / H100.hbm_bandwidth_Bps) * (1 - 1e-9)
     # and never below every byte at the chip's streaming bandwidth
     assert e.breakdown["dram_bound_s"] >= e.dram_bytes / H100.hbm_bandwidth_from(132) * (1 - 1e-12)
+
+
+def test_a_stage_fuses_gemms_on_one_input_as_the_runtime_does():
+    # llama's gate and up projections read the same x with weights of one shape: the runtime
+    # runs them as one dual-B step (both products' column tiles as its items), and so must the
+    # model (it ran them as two dependent steps: +73% on the H100)
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.lower import Region as LRegion
+    from kitsune_dse.validate.lower import layout_pipeline
+    g = load_model("llama2-7b-mlp", {})
+    names = [o.name for o in g.ops]
+    cut = names.index("down_proj")
+    stages = (tuple(names[:cut]), tuple(names[cut:]))
+    ch = PipelineChoice(stages, (88, 44), 128, (8,))
+    r = Region.of(g)
+    works, _ = stage_works(r, H100, plan_stages(r, H100, ch))
+    assert len(works[0]) == 1
+    assert set(works[0][0].name.split("+")) == set(stages[0])
+    # 2048 rows of 128 in 16 units: 11008 / 128 = 86 column tiles per product, two products
+    assert works[0][0].tiles == 2 * 86 * works[0][0].inflight
+    plan = {"id": 0, "strategy": "pipeline", "ops": names, "kernels": [list(s) for s in stages],
+            "stages": [{"id": j, "ops": list(s), "sms": n, "ctas": n, "tile": {"rows": 128}}
+                       for j, (s, n) in enumerate(zip(stages, (88, 44)))],
+            "queues": [{"producer": 0, "consumer": 1, "tensors": ["inter"], "depth": 8, "mode": "row"}]}
+    lay = layout_pipeline(LRegion(g, plan), plan)
+    assert [st.stage for st in lay.steps].count(0) == 1 and lay.steps[0].items == 2 * 86

@@ -233,7 +233,9 @@ def _atom_work(region: Region, atom, units, d_r, d_w, l2,
         gd = gi.gemm
         tile = pipe_tile(tile_rows)
         per = row_blocks if k_streamed else units
-        tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k
+        # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
+        dual = sum(1 for _, i in gemms if i.gemm == gd)
+        tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True, **rr)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
@@ -245,6 +247,30 @@ def _atom_work(region: Region, atom, units, d_r, d_w, l2,
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
                       row_op=bool(rows_ops), row_inflight=inflight_frac, **rr)
+
+
+def _dual_gemms(g, atoms: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
+    """A stage's steps as the runtime fuses them (validate/lower.py _try_absorb): a GEMM that
+    reads the same A as an earlier step's only GEMM, with weights and output of the same shapes,
+    joins that step (one dual-B GEMM: A loaded once for both products, llama's gate and up
+    projections), its epilogue ops with it."""
+    out = [list(a) for a in atoms]
+    i = 0
+    while i < len(out):
+        gi = [o for o in out[i] if g.op(o).info.gemm is not None]
+        if len(gi) == 1 and g.op(gi[0]).info.gemm.batch == 1:
+            a0 = g.op(gi[0])
+            for j in range(i + 1, len(out)):
+                gj = [o for o in out[j] if g.op(o).info.gemm is not None]
+                if len(gj) != 1 or g.op(out[j][0]).info.gemm is None:
+                    continue
+                b = g.op(gj[0])
+                if (b.inputs[0] == a0.inputs[0] and b.info.gemm == a0.info.gemm
+                        and g.tensors[b.inputs[1]].shape == g.tensors[a0.inputs[1]].shape):
+                    out[i] = sorted(out[i] + out.pop(j), key=g.index)
+                    break
+        i += 1
+    return [tuple(a) for a in out]
 
 
 def _ring_write_back(region: Region, plan: StagePlan, queue_bytes: float, l2_bytes: float) -> float:
@@ -337,7 +363,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     stage_atoms = []
     for st, sub in zip(c.stages, subs):
         atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
-        stage_atoms.append(atoms or [tuple(st)])
+        stage_atoms.append(_dual_gemms(g, atoms) or [tuple(st)])
     # (a tensor made and used inside one fused group never leaves the SM)
     intra_ws = max((g.tensors[t].nbytes / units for st, atoms in zip(c.stages, stage_atoms)
                     for a in atoms for o in a for t in g.op(o).outputs
