@@ -314,6 +314,9 @@ def test_alternatives_are_distinct_and_ranked():
     assert model[0] >= res.model_latency_s - 1e-12 or res.source != "cp-sat"
     for a in alts:
         assert covers_once(g, a.chosen)
+    # each alternative chooses another set of candidates, not the same ones on other SM counts
+    sets = [frozenset(c.id for c in r.chosen) for r in [res, *alts]]
+    assert len(set(sets)) == len(sets)
 
 
 def test_plan_covers_every_op_once_in_order_and_beats_whole_model_strategies():

@@ -83,7 +83,7 @@ def register(app: typer.Typer) -> None:
                     objective: str = typer.Option("latency", "--objective", help="latency | traffic | pareto"),
                     sm_granularity: int = typer.Option(1, "--sm-granularity", help="SMs per stage in steps of N"),
                     time_limit: float = typer.Option(10.0, "--time-limit", help="solver time limit in seconds"),
-                    alternatives: int = typer.Option(0, "--alternatives", help="also write the K next-best plans"),
+                    alternatives: int = typer.Option(0, "--alternatives", help="also write the K next-best plans (each with another set of regions, strategies or pipeline cuts)"),
                     hw_set: Optional[list[str]] = typer.Option(None, "--hw-set", help="spec override FIELD=VALUE, e.g. l2_bytes=100MiB"),
                     no_plots: bool = typer.Option(False, "--no-plots", help="skip the PNGs and trace.json")):
         """Choose regions, strategies, stages, SMs and queue depths; write the plan and reports."""

@@ -60,8 +60,8 @@ CP-SAT calls of the whole call (shared evenly among the solves still to come); s
 CP-SAT's for the primary objective and gap = (objective - bound) / objective. One search worker,
 a fixed random seed, interleave_search off and a deterministic warm start make the search
 deterministic: the same inputs give the same plan. `alternatives=K` adds a no-good on the plan's
-literals (candidates and SM counts) and solves again, K times: the next-best distinct plans, in
-order of the model's latency.
+candidates (not their SM counts) and solves again, K times: the next-best plans with another
+set of regions, strategies or pipeline cuts, in order of the model's latency.
 
 Guarantees
 ----------
@@ -700,9 +700,17 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
 
     result = guard(cands, main, objective, step)
     if alternatives:
+        # a no-good on the chosen candidates only (not their SM counts): each alternative covers
+        # the graph with another set of regions, strategies or pipeline cuts and tiles, not the
+        # same plan with one SM moved between stages (measured on the H100 suite: such near
+        # copies differ by noise, and told a user nothing)
         alts = []
         nogoods = []
-        prev_lits = lits
+        cand_ids = {id(v) for v in cov.x}
+
+        def structural(lits):
+            return [v for v in lits if id(v) in cand_ids]
+        prev_lits = structural(lits)
         seen = {result.plan_key(), main.plan_key()}
         while len(alts) < alternatives and time.perf_counter() < deadline:
             nogoods.append(("nogood", list(prev_lits), len(prev_lits) - 1))
@@ -710,6 +718,7 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
             if nxt is None:
                 break
             p, prev_lits, st, gp, la, kb, _ = nxt
+            prev_lits = structural(prev_lits)
             r = make_result(cands, p, objective, st, gp, t0, la, kb, "cp-sat", stats)
             if r.plan_key() in seen:
                 continue
