@@ -16,12 +16,9 @@ def _dirs(kind: str, env: str) -> list[Path]:
     if os.environ.get(env):
         out += [Path(p) for p in os.environ[env].split(os.pathsep) if p]
     out.append(_REPO / kind)
-    try:
-        import importlib.resources as ir
-        pkg = ir.files(f"kitsune_dse.data.{kind}")
-        out.append(Path(str(pkg)))
-    except (ModuleNotFoundError, TypeError):
-        pass
+    # installed: package data beside the code (kitsune_dse/data/<kind>, a namespace package:
+    # importlib.resources gives a MultiplexedPath there, whose str() is not a path)
+    out.append(Path(__file__).resolve().parent / "data" / kind)
     seen, uniq = set(), []
     for d in out:
         if d.is_dir() and d.resolve() not in seen:

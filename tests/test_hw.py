@@ -289,3 +289,24 @@ def test_hw_list_and_show_every_spec(cli):
         rc, out, err = cli(["hw", "show", name])
         assert rc == 0 and err == "", name
         assert "sm_count" in out
+
+
+def test_an_installed_package_finds_its_shipped_specs(tmp_path):
+    # installed, the specs are package data in kitsune_dse/data/hw_specs (a namespace package,
+    # which importlib.resources returns as a MultiplexedPath): `kitsune-dse explore ... --hw
+    # h100-sxm` from a plain `pip install .` said "unknown hardware spec" until this was fixed
+    import importlib.util
+    import shutil
+
+    from kitsune_dse import resources
+    site = tmp_path / "site-packages"
+    pkg = site / "kitsune_dse"
+    (pkg / "data" / "hw_specs").mkdir(parents=True)
+    shutil.copy(resources.__file__, pkg / "resources.py")
+    shutil.copy(resources.hw_specs()["h100-sxm"], pkg / "data" / "hw_specs" / "h100-sxm.yaml")
+    spec = importlib.util.spec_from_file_location("installed_resources", pkg / "resources.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    found = mod.hw_specs()
+    assert list(found) == ["h100-sxm"]
+    assert found["h100-sxm"].resolve() == (pkg / "data" / "hw_specs" / "h100-sxm.yaml").resolve()
