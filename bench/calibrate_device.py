@@ -139,8 +139,8 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
     for _, _, _, vs in case_variants(info, cases=tile_cases() + STANDALONE_DIAG):
         srcs += [v.build() for v in vs]
     srcs += [v.build() for *_, v in pipe_variants(info)]
-    from kitsune_dse.validate.microbench import chain_variants, probe_variants
-    for _, _, _, vs in probe_variants(info) + chain_variants(info):
+    from kitsune_dse.validate.microbench import chain_variants, kernel_chain_variants, probe_variants
+    for _, _, _, vs in probe_variants(info) + chain_variants(info) + kernel_chain_variants(info):
         srcs += [v.build() for v in vs]
     srcs = list(dict.fromkeys(srcs))
     out = ROOT / "bench/.cubin_cache"
@@ -185,7 +185,7 @@ def measure_tiles(runs: int, log) -> tuple[list, list, list]:
     return squares, shapes, rows
 
 
-def measure_probes(runs: int, log, chains: bool = False) -> list[dict]:
+def measure_probes(runs: int, log, chains: bool | str = False) -> list[dict]:
     """Tilesync hand-off probes: each kernel plain (CUDA graph), counting its tiles, and also
     waiting before each tile (validate.microbench.TILESYNC_PROBES); with `chains`, chains of
     dependent GEMMs as a CUDA graph and under tilesync (TILESYNC_CHAINS)."""
@@ -193,7 +193,7 @@ def measure_probes(runs: int, log, chains: bool = False) -> list[dict]:
 
     from kitsune_dse.validate.harness import check_variant
     from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.microbench import chain_variants, probe_variants
+    from kitsune_dse.validate.microbench import chain_variants, kernel_chain_variants, probe_variants
     from kitsune_dse.validate.reference import input_roles
     from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
@@ -201,7 +201,9 @@ def measure_probes(runs: int, log, chains: bool = False) -> list[dict]:
     flush = L2Flusher()
     rows = []
     with stream:
-        for (name, dtype, kind, dims), _, reg, vs in (chain_variants(info) if chains else probe_variants(info)):
+        cases = (kernel_chain_variants(info) if chains == "kernels" else
+                 chain_variants(info) if chains else probe_variants(info))
+        for (name, dtype, kind, dims), _, reg, vs in cases:
             row = {"label": name, "kind": kind, "dims": list(dims)}
             for v in vs:
                 try:
@@ -299,6 +301,7 @@ def device(out: Path, runs: int, smoke: str) -> None:
     try:
         raw["tilesync_probe_rows"] = measure_probes(max(5, runs), log)
         raw["tilesync_chain_rows"] = measure_probes(max(5, runs), log, chains=True)
+        raw["kernel_chain_rows"] = measure_probes(max(5, runs), log, chains="kernels")
     except Exception:  # noqa: BLE001
         raw["probe_error"] = traceback.format_exc()
         log("probes FAILED\n" + raw["probe_error"])
@@ -405,6 +408,17 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             r = tiny[0]
             fixed_s[sp.name] = max(0.0, r["time_s"] - r["bytes"] / sp.hbm_bandwidth_from(sp.sm_count)
                                    - sp.graph_launch_overhead_s)
+    # the harness's kernels in a graph: chains of N tiny kernels, T(N) = a + N b, separate the
+    # launch latency a (once per graph) from each kernel's marginal cost b; the lone kernel above
+    # has both (the cublas variant launches eagerly from Python: it keeps the lone-kernel figure)
+    chain = None
+    if raw.get("kernel_chain_rows"):
+        from kitsune_dse.calibrate.fit import fit_kernel_chain
+        chain = fit_kernel_chain(raw["kernel_chain_rows"])
+        r0 = raw["kernel_chain_rows"][0]
+        tiny_bytes = 2 * r0["dims"][0] * r0["dims"][1] * 2          # one relu: read and write fp16
+        fixed_s[harness.name] = max(0.0, chain["per_kernel_s"] - harness.graph_launch_overhead_s
+                                    - tiny_bytes / harness.hbm_bandwidth_from(harness.sm_count))
     l2 = l2_refit(raw, harness.efficiency.hbm_saturation_exponent)
     l2_orig = fit_saturating(raw["l2_read"])
     pipe_ew = fit_saturating(raw["pipe_ew_sms"]) if raw.get("pipe_ew_sms") else None
@@ -417,6 +431,10 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         data = sp.model_dump(mode="json")
         if sp.name in fixed_s:
             data["kernel_fixed_s"] = fixed_s[sp.name]
+        if sp is harness and chain:
+            data["launch_latency_s"] = chain["latency_s"]
+            data.setdefault("calibration", {})["kernel_chain_fit"] = {
+                k: v for k, v in chain.items()}
         data["name"] = name
         eff = dict(data["efficiency"])
         data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]

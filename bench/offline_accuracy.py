@@ -55,7 +55,7 @@ def main() -> None:
                 continue
             plan = json.loads((ROOT / p["file"]).read_text())
             new = evaluate_plan(plan, graph, spec)
-            pred = sum(r["predicted"]["latency_s"] for r in new["regions"])
+            pred = new["predicted"]["latency_s"]
             alts.append((stem, pred, float(e2e["measured_latency_s"])))
             for n in ncu:
                 if n["plan"] == f"{name}/{stem}" and n["variant"] == "plan":

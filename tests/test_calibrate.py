@@ -210,3 +210,13 @@ def test_l2_residency_fit_is_the_half_hit_crossing():
     spec, _ = calibrated_spec(base, m, date="2026-11-22")
     assert spec.l2_usable_bytes == pytest.approx(29 * MiB / (50 * MiB) * base.l2_bytes)
     assert spec.calibration.l2_residency_capacity_bytes == pytest.approx(29 * MiB)
+
+
+def test_kernel_chain_fit_separates_the_launch_latency():
+    # T(N) = 3 us + 1.7 us x N over chains of 1..16 kernels
+    from kitsune_dse.calibrate.fit import fit_kernel_chain
+    rows = [{"dims": [128, 1024, n], "graph_s": 3e-6 + 1.7e-6 * n} for n in (1, 2, 4, 8, 16)]
+    f = fit_kernel_chain(rows)
+    assert f["latency_s"] == pytest.approx(3e-6) and f["per_kernel_s"] == pytest.approx(1.7e-6)
+    with pytest.raises(ValueError):
+        fit_kernel_chain(rows[:1])

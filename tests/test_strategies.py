@@ -368,3 +368,14 @@ def test_handoffs_follow_views():
     g = build("v", t, [("a", "relu", ("x",), ("h",)), ("r", "reshape", ("h",), ("hv",), {"shape": [256, 512]}),
                        ("mm", "matmul", ("hv", "w"), ("y",))], ["x"], ["w"])
     assert _handoffs(Region.of(g), [("a",), ("mm",)]) == [(False, True), (True, False)]
+
+
+def test_a_graph_pays_its_launch_latency_once_and_back_to_back_regions_hide_it():
+    from kitsune_dse.cost.region import compose_sequential
+    g = chain_graph(4096, 4096, ("relu", "gelu"))
+    r = Region.of(g)
+    sp = H100.model_copy(update={"launch_latency_s": 3e-6})
+    a, b = bsp(r, H100), bsp(r, sp)
+    assert b.latency_s == pytest.approx(a.latency_s + 3e-6, rel=1e-12)
+    two = compose_sequential(g, sp, [(r.ops, b), (r.ops, b)])
+    assert two.latency_s == pytest.approx(2 * b.latency_s - 3e-6, rel=1e-12)

@@ -126,6 +126,21 @@ def fit_l2_residency(rows: list[dict], l2_bytes: float, key: str = "hit_reread")
             "points": len(pts)}
 
 
+def fit_kernel_chain(rows: list[dict], key: str = "graph_s") -> dict:
+    """Chains of N tiny kernels (rows: dims (rows, cols, N) and their time): T(N) = a + N b by
+    least squares. a is once per launch (the first kernel's wait), b each kernel's marginal
+    cost (its node gap, ramp and tail, and its own few bytes)."""
+    pts = sorted((float(r["dims"][2]), float(r[key])) for r in rows if r.get(key))
+    if len(pts) < 2:
+        raise ValueError("a kernel chain fit needs two chain lengths")
+    n = np.array([p[0] for p in pts])
+    t = np.array([p[1] for p in pts])
+    b, a = np.polyfit(n, t, 1)
+    rel = (a + b * n) / t - 1
+    return {"latency_s": float(max(0.0, a)), "per_kernel_s": float(b),
+            "max_rel_error": float(np.max(np.abs(rel))), "points": len(pts)}
+
+
 def check_finite(m: dict) -> None:
     for key in ("hbm_read", "l2_read"):
         for s, v in m[key]:
@@ -209,7 +224,8 @@ def fit_persistent_rows(spec: HwSpec, rows: list[dict]) -> dict:
 def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp16") -> float:
     """The model's time of one standalone GEMM kernel C[m,n] = A[m,k] B[k,n] (operands read and
     the result written once), as a bsp kernel is priced: the roofline of the best CTA tile the
-    spec's GEMM library offers, plus the per-kernel fixed cost."""
+    spec's GEMM library offers, plus the per-kernel fixed cost and (one kernel timed alone) the
+    launch latency."""
     from kitsune_dse.cost.gemm_l2 import grid_reads
     from kitsune_dse.cost.roofline import KernelWork, best_gemm_tile, gemm_tiles, split_k_partials_bytes
     nbytes = DTYPE_BYTES[dtype]
@@ -223,7 +239,7 @@ def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp1
                           dram_write_bytes=float(m * n * nbytes),
                           l2_bytes=split_k_partials_bytes(1, m, n, ks),
                           tiles=gemm_tiles(1, m, n, tile) * ks, tile_shape=tile, split_k=ks)
-    return best_gemm_tile(make, spec, spec.sm_count, k, m, n)[1] + spec.kernel_fixed_s
+    return best_gemm_tile(make, spec, spec.sm_count, k, m, n)[1] + spec.kernel_fixed_s + spec.launch_latency_cost_s
 
 
 def fit_standalone_gemm(spec: HwSpec, rows: list[dict]) -> dict:

@@ -38,9 +38,10 @@ class Estimate:
                 "sm_busy_fraction": self.sm_busy_fraction, "flops": self.flops}
 
 
-def sequential(parts: list[Estimate], **breakdown) -> Estimate:
-    """Regions run one after another: latencies and bytes add up."""
-    lat = sum(p.latency_s for p in parts)
+def sequential(parts: list[Estimate], overlap_s: float = 0.0, **breakdown) -> Estimate:
+    """Regions run one after another: latencies and bytes add up, less `overlap_s` for each
+    region after the first (a launch latency the previous region's run hides)."""
+    lat = sum(p.latency_s for p in parts) - overlap_s * max(0, len(parts) - 1)
     busy = sum(p.sm_busy_fraction * p.latency_s for p in parts) / lat if lat > 0 else 0.0
     return Estimate(latency_s=lat, dram_read_bytes=sum(p.dram_read_bytes for p in parts),
                     dram_write_bytes=sum(p.dram_write_bytes for p in parts),

@@ -315,6 +315,7 @@ def is_fusible_reduction_owner(region: Region, group: tuple[str, ...]) -> bool:
 
 def compose_sequential(graph: Graph, spec: HwSpec, parts, **breakdown):
     """Regions run one after another; hand-offs between them are already priced by each region
-    (see handed_over), so totals add up."""
+    (see handed_over), so totals add up, except the launch latency of every region after the
+    first: it is launched while the one before runs (spec.launch_latency_s)."""
     from kitsune_dse.cost.estimate import sequential
-    return sequential([e for _, e in parts], **breakdown)
+    return sequential([e for _, e in parts], spec.launch_latency_cost_s, **breakdown)

@@ -34,7 +34,8 @@ def launch_timeline(times: list[float], spec: HwSpec, mode: str = "graph") -> tu
         return 0.0, 0.0
     busy = float(sum(times))
     if mode == "graph":
-        over = n * spec.graph_launch_overhead_s
+        # a node gap per kernel, and once the graph's launch latency (its first kernel's wait)
+        over = n * spec.graph_launch_overhead_s + spec.launch_latency_cost_s
         return busy + over, over
     if mode != "eager":
         raise ValueError(f"launch mode {mode!r}")
@@ -242,7 +243,7 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
     times = [kernel_time(w, spec, S) + fixed for w in works]
     saved = []
     gap = spec.graph_launch_overhead_s
-    total = gap + spec.tilesync_fixed_s if works else 0.0
+    total = gap + spec.tilesync_fixed_s + spec.launch_latency_cost_s if works else 0.0
     hand = _handoffs(region, groups)
     for i, (w, t) in enumerate(zip(works, times)):
         last = i + 1 == len(works)
@@ -330,7 +331,7 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
     S = spec.sm_count
     order = [(w.name,) for w in works]
     hand = dict(zip([w.name for w in works], _handoffs(region, order)))
-    total, times, shares = spec.tilesync_fixed_s if works else 0.0, [], []
+    total, times, shares = (spec.tilesync_fixed_s + spec.launch_latency_cost_s if works else 0.0), [], []
     for lv in groups:
         ws = [by_op[o] for o in lv if o in by_op]
         if not ws:

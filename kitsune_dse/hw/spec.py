@@ -156,6 +156,10 @@ class HwSpec(_Strict):
                                                 # validation harness's fixed rule (its kernels)
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
+    launch_latency_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # once per launched CUDA graph: from the launch to
+                                                # its first kernel running (calibrated: a chain of
+                                                # N tiny kernels takes a + N b; default 0)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
     efficiency: Efficiency = Efficiency()
     calibration: Calibration | None = None
@@ -213,6 +217,10 @@ class HwSpec(_Strict):
         lin = np.maximum(s, 1e-9) * self.l2_per_sm_bandwidth_Bps
         out = (lin ** -p + bmax ** -p) ** (-1.0 / p)
         return out if out.ndim else float(out)
+
+    @property
+    def launch_latency_cost_s(self) -> float:
+        return self.launch_latency_s or 0.0
 
     @property
     def persistent_launch_cost_s(self) -> float:

@@ -38,6 +38,16 @@ def case_model(kind: str, dtype: str, dims):
              "weights": {f"w{i}": [width, width] for i in range(layers)}, "ops": ops}
         g = model_from_dict(d, "<microbench>")
         return g, {"id": 0, "strategy": "bsp", "ops": [o.name for o in g.ops]}
+    if kind == "ewchain":   # (rows, cols, kernels): one elementwise kernel after another
+        r, c, n = dims
+        ops, prev = [], "x"
+        for i in range(n):
+            ops.append({"name": f"r{i}", "kind": "relu", "inputs": [prev], "outputs": [f"y{i}"]})
+            prev = f"y{i}"
+        d = {"name": f"ewchain{r}x{c}x{n}", "dtype": dtype, "inputs": {"x": [r, c]}, "weights": {},
+             "ops": ops}
+        g = model_from_dict(d, "<microbench>")
+        return g, {"id": 0, "strategy": "bsp", "ops": [o.name for o in g.ops]}
     if kind == "matmul":
         m, n, k = dims
         d = {"name": f"mm{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
@@ -191,5 +201,25 @@ def chain_variants(info, cases=TILESYNC_CHAINS):
         tensors = Tensors(reg)
         vs = [StandaloneVariant("graph", reg, tensors, info, bsp_groups(reg), graph=True, prefix="mb"),
               TilesyncVariant("tilesync", reg, tensors, info, bsp_groups(reg), "tilesync")]
+        out.append(((name, dtype, kind, dims), region, reg, vs))
+    return out
+
+
+# N tiny kernels one after another, as a CUDA graph and eagerly: T(N) = a + N b separates the
+# once-per-launch latency a from each kernel's marginal cost b (a lone event-timed kernel has both)
+KERNEL_CHAINS = [("kernel chain", "fp16", "ewchain", (128, 1024, n)) for n in (1, 2, 4, 8, 16)]
+
+
+def kernel_chain_variants(info, cases=KERNEL_CHAINS):
+    """(case, region, Region, [graph, eager]) per chain length (build only)."""
+    from kitsune_dse.validate.lower import bsp_groups
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors
+    out = []
+    for name, dtype, kind, dims in cases:
+        g, region = case_model(kind, dtype, dims)
+        reg = Region(g, region)
+        tensors = Tensors(reg)
+        vs = [StandaloneVariant("graph", reg, tensors, info, bsp_groups(reg), graph=True, prefix="mb"),
+              StandaloneVariant("eager", reg, tensors, info, bsp_groups(reg), prefix="mb")]
         out.append(((name, dtype, kind, dims), region, reg, vs))
     return out
