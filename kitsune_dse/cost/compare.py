@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages, stage_time_table)
+from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_tables
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
@@ -69,7 +69,7 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     probe = PipelineChoice(choice.stages, (max(1, total // J),) * J, choice.tile_rows,
                            choice.depths, choice.modes)
     plan = plan_stages(region, spec, probe)
-    tab = stage_time_table(region, spec, plan)
+    tab, srv, _ = stage_tables(region, spec, plan)
     if J == 1:
         one = PipelineChoice(choice.stages, (total,), choice.tile_rows, choice.depths, choice.modes)
         return one, pipeline(region, spec, one)
@@ -77,9 +77,11 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     if not split:
         return None
     # split_sms gives each stage the fewest SMs that meet the bottleneck time; then improve the
-    # closed-form makespan sum(t) + (units - 1) * max(t): hand out leftover SMs and move SMs
+    # solver's closed-form makespan (candidates.closed_form_span: each stage's unit latency, its
+    # servers x its unit time, once, then units - 1 periods): hand out leftover SMs and move SMs
     # between stages while that helps (the queue model re-times the result exactly)
-    split = _tune_split(tab.tolist(), split, total, step, plan.row_blocks * plan.slabs)
+    split = _tune_split(tab.tolist(), split, total, step, plan.row_blocks * plan.slabs,
+                        (tab * srv).tolist())
     # the closed form ignores DRAM sharing and tile re-picks: check against an even split with
     # the exact model and keep the better
     tuned = PipelineChoice(choice.stages, tuple(split), choice.tile_rows, choice.depths, choice.modes)
@@ -93,40 +95,46 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     return tuned, est
 
 
-def _tune_split(rows: list[list[float]], split, total: int, step: int, units: int) -> list[int]:
+def _tune_split(rows: list[list[float]], split, total: int, step: int, units: int,
+                lats: list[list[float]] | None = None) -> list[int]:
     """Hand out leftover SMs and move SMs between stages, one step at a time, while the closed-
-    form makespan sum(t) + (units - 1) * max(t) improves (rows[k][s]: stage k's time on s
-    SMs); each round takes the best move (the first of equals): growing stage j, then moving
-    a step from stage i to stage j, j and i in order."""
+    form makespan improves: sum(l) - min(l - t) + (units - 1) * max(t), rows[k][s] stage k's
+    time per unit and lats[k][s] its unit latency on s SMs (default: the time; then it is
+    sum(t) + (units - 1) * max(t)); each round takes the best move (the first of equals):
+    growing stage j, then moving a step from stage i to stage j, j and i in order."""
     J = len(split)
     w = units - 1
+    lats = rows if lats is None else lats
 
-    def cost(ts):
+    def cost(idx):
+        ts = [rows[k][s] for k, s in enumerate(idx)]
+        ls = [lats[k][s] for k, s in enumerate(idx)]
         acc = 0
-        for x in ts:        # one by one in order, as sum() adds NumPy values (never compensated)
+        for x in ls:        # one by one in order, as sum() adds NumPy values (never compensated)
             acc = acc + x
+        if ls is not ts and any(a != b for a, b in zip(ls, ts)):
+            acc = acc - min(a - b for a, b in zip(ls, ts))
         return acc + w * max(ts)
 
     split = list(split)
-    best = cost([rows[k][split[k]] for k in range(J)])
+    best = cost(split)
     for _ in range(4 * total // step + 8):
-        cur = [rows[k][split[k]] for k in range(J)]
         bar = best * (1 - 1e-12)
         trial = None
         if sum(split) + step <= total:
             for j in range(J):
-                ts = cur.copy()
-                ts[j] = rows[j][split[j] + step]
-                c = cost(ts)
+                idx = split.copy()
+                idx[j] += step
+                c = cost(idx)
                 if c < bar and (trial is None or c < trial[0]):
                     trial = (c, j, None)
         for j in range(J):
             for i in range(J):
                 if i != j and split[i] - step >= step:
-                    ts = cur.copy()
-                    ts[j] = rows[j][split[j] + step]
-                    ts[i] = rows[i][split[i] - step]
-                    c = cost(ts)
+                    idx = split.copy()
+                    idx[j] += step
+                    idx[i] -= step
+                    c = cost(idx)
                     if c < bar and (trial is None or c < trial[0]):
                         trial = (c, j, i)
         if trial is None:
