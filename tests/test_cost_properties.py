@@ -302,3 +302,21 @@ def test_compare_runs_on_every_model_and_spec(model, spec_name):
     assert [r["strategy"] for r in rows] == list(res)
     free = hw.model_copy(update={"tile_signal_s": 0.0, "tile_wait_s": 0.0, "tilesync_fixed_s": 0.0})
     assert tilesync(Region.of(g), free).latency_s <= res["fusion"].latency_s * (1 + REL)
+
+
+def test_more_bandwidth_never_slows_a_pipeline_of_multi_server_stages():
+    # found by the property test above: with the servers taken from the ratio of a unit's
+    # time alone to its time in flight, doubling the HBM bandwidth gave a stage more servers
+    # (a longer first unit) and this fixed pipeline became 2% slower
+    g = build("ex", [Tensor("x", (1024, 1024), "fp32"), Tensor("w1", (1024, 64), "fp32")],
+              [("add0", "add", ("x", "x"), ("t0",)), ("mm1", "matmul", ("x", "w1"), ("t1",))],
+              ["x"], ["w1"])
+    hw = spec(sm_count=26, tensor_peak_flop_per_s={"fp16": 194.9e12, "bf16": 194.9e12, "fp8": 389.8e12},
+              simt_peak_flop_per_s={"fp32": 13.18e12, "fp16": 26.35e12}, hbm_bandwidth_Bps=0.5e12,
+              hbm_per_sm_bandwidth_Bps=10e9, l2_bytes=4 * MiB, graph_launch_overhead_s=1.46e-6,
+              sync_latency_s=0.87e-6, sm_granularity=8, efficiency={"hbm_saturation_exponent": 2.0})
+    ch = PipelineChoice((("add0",), ("mm1",)), (25, 1), 256, (2,))
+    r = Region.of(g)
+    for factor in (1.5, 2.0, 3.0, 4.0):
+        better = improve(hw, "bandwidth", factor, 1)
+        assert pipeline(r, better, ch).latency_s <= pipeline(r, hw, ch).latency_s * (1 + REL)

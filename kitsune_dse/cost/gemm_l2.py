@@ -22,6 +22,10 @@ import math
 import numpy as np
 
 GROUP_ROWS = 8
+# CTAs resident at once, the grain of the wave model: the H100's 2 per SM x 132 SMs, on every
+# GPU. The wave size of the GPU at hand would make a GPU with one SM more read more (a wave
+# slightly past what L2 keeps between waves: a cliff), and more SMs must never slow a plan
+WAVE_CTAS = 264
 
 
 def raster(m_blocks: int, n_tiles: int) -> tuple[np.ndarray, np.ndarray]:

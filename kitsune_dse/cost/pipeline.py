@@ -534,8 +534,9 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
 
 def servers_for(t, single_t, cap: int, units: int):
     """Units a stage works on at once (its servers in the queue model), per SM count: the one
-    unit's latency alone over the per-unit time at full occupancy, to the nearest divisor of
-    the units (a stage alone then takes exactly units x t) no larger than what its rings hold.
+    unit's latency alone over the per-unit time at full occupancy (_stage_ratio: from the
+    runtime's items per unit and its workers), to the nearest divisor of the units (a stage
+    alone then takes exactly units x t) no larger than what its rings hold.
     The runtime's workers take the items of consecutive row-blocks round robin, so a stage
     whose unit fills a fraction of its workers runs that many units side by side, and the
     first unit leaves after its own latency, not after t."""
@@ -557,7 +558,13 @@ def _stage_ratio(totals: dict, j: int, spec: HwSpec, sms, t):
         return None
     sk = totals["stage_splitk"][j]
     if sk is None:
-        return stage_unit_time([w1], spec, sms, None) / np.maximum(np.asarray(t, dtype=float), 1e-30)
+        # a unit's items fill items / workers of the stage: that many units run side by side.
+        # From the item structure only, not the rates: a faster GPU then never gets more
+        # servers (a longer first unit) for the same plan (cost-property test: doubled HBM
+        # bandwidth made a fixed pipeline 2% slower when the ratio of times was used)
+        W = TEAMS_PER_SM * np.asarray(sms, dtype=float)
+        out = np.maximum(1.0, W / max(1, w1.tiles))
+        return out if np.ndim(sms) else float(out)
     out = []
     for s in np.atleast_1d(np.asarray(sms)):
         W = TEAMS_PER_SM * int(s)

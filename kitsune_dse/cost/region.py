@@ -23,7 +23,7 @@ from functools import cached_property
 
 import numpy as np
 
-from kitsune_dse.cost.gemm_l2 import grid_reads
+from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, grid_reads
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
                                        gemm_tile_options, gemm_tiles, split_k_partials_bytes)
@@ -255,7 +255,7 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
             if (b_dram or a_dram) and gd.batch == 1 and ks == 1:
                 # operand tiles later waves of the grid read again (cost.gemm_l2)
                 e = DTYPE_BYTES[dtype]
-                ar, br = grid_reads(gd.m, gd.n, gd.k, tile[0], tile[1], e, 2 * int(np.max(sms)),
+                ar, br = grid_reads(gd.m, gd.n, gd.k, tile[0], tile[1], e, WAVE_CTAS,
                                     spec.l2_usable_bytes)
                 again = (max(0.0, ar - gd.m * gd.k * e) if a_dram else 0.0) + \
                         (max(0.0, br - gd.k * gd.n * e) if b_dram else 0.0)
