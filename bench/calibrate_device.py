@@ -433,8 +433,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["kernel_fixed_s"] = fixed_s[sp.name]
         if sp is harness and chain:
             data["launch_latency_s"] = chain["latency_s"]
-            data.setdefault("calibration", {})["kernel_chain_fit"] = {
-                k: v for k, v in chain.items()}
+            data.setdefault("calibration", {})["kernel_chain_fit"] = dict(chain)
         data["name"] = name
         eff = dict(data["efficiency"])
         data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]

@@ -87,15 +87,20 @@ def prepare(precompile: bool = True) -> None:
         _precompile(rows)
 
 
-def _variant(row, info, tensors_cls, region_cls, load_model, resolve, check_target):
-    from kitsune_dse.validate.runtime import PipelineVariant
+def _variant(row, info):
+    """(Region, Tensors, traced PipelineVariant) of a target (no CuPy until prepared)."""
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.harness import resolve_model_ref
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.plan import check_target
+    from kitsune_dse.validate.runtime import PipelineVariant, Tensors
     plan = json.load(open(ROOT / row["plan"]))
     plan["_source"] = str(ROOT / row["plan"])
     plan, _ = check_target(plan, info, retarget=True)
-    graph = load_model(resolve(plan), plan["model"].get("sizes") or {})
+    graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
     rd = plan["regions"][row["region"]]
-    reg = region_cls(graph, rd)
-    t = tensors_cls(reg)
+    reg = Region(graph, rd)
+    t = Tensors(reg)
     return reg, t, PipelineVariant("plan", reg, t, info, rd, trace=True)
 
 
@@ -104,14 +109,9 @@ def _precompile(rows) -> None:
     sys.path.insert(0, str(ROOT / "bench"))
     from precompile import compile_one
 
-    from kitsune_dse.graph import load_model
-    from kitsune_dse.validate.harness import resolve_model_ref
-    from kitsune_dse.validate.lower import Region
-    from kitsune_dse.validate.plan import DeviceInfo, check_target
-    from kitsune_dse.validate.runtime import Tensors
+    from kitsune_dse.validate.plan import DeviceInfo
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", sm_count=132, arch="sm_90")
-    srcs = [_variant(r, info, Tensors, Region, load_model, resolve_model_ref, check_target)[2].build()
-            for r in rows]
+    srcs = [_variant(r, info)[2].build() for r in rows]
     out = ROOT / "bench/.cubin_cache"
     out.mkdir(exist_ok=True)
     with cf.ThreadPoolExecutor(8) as ex:
@@ -122,20 +122,17 @@ def _precompile(rows) -> None:
 def run(out: Path, runs: int) -> None:
     import cupy as cp
 
-    from kitsune_dse.graph import load_model
-    from kitsune_dse.validate.harness import _fill_inputs, resolve_model_ref
-    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.harness import _fill_inputs
     from kitsune_dse.validate.measure import L2Flusher
-    from kitsune_dse.validate.plan import check_target
     from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import Tensors, gpu_info
+    from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flusher()
     res = []
     for row in json.loads(TARGETS.read_text()):
         try:
-            reg, tensors, v = _variant(row, info, Tensors, Region, load_model, resolve_model_ref, check_target)
+            reg, tensors, v = _variant(row, info)
             with stream:
                 v.prepare()
                 _fill_inputs(reg, tensors, input_roles(reg))

@@ -112,9 +112,7 @@ def _tune_split(rows: list[list[float]], split, total: int, step: int, units: in
         acc = 0
         for x in ls:        # one by one in order, as sum() adds NumPy values (never compensated)
             acc = acc + x
-        if ls is not ts and any(a != b for a, b in zip(ls, ts)):
-            acc = acc - min(a - b for a, b in zip(ls, ts))
-        return acc + w * max(ts)
+        return acc - min(a - b for a, b in zip(ls, ts)) + w * max(ts)
 
     split = list(split)
     best = cost(split)

@@ -547,7 +547,7 @@ def servers_for(t, single_t, cap: int, units: int):
     return divs[k].reshape(t.shape).astype(np.int64)
 
 
-def _stage_ratio(totals: dict, j: int, spec: HwSpec, sms, t):
+def _stage_ratio(totals: dict, j: int, sms):
     """One unit's latency over the per-unit time of stage j (scalar or per SM count), or None
     for a stage of one server. A split_k consumer's unit latency is the runtime's item: one
     output tile over its K range (runtime_ksplit), slabs / ksplit units of one tile's work,
@@ -573,11 +573,11 @@ def _stage_ratio(totals: dict, j: int, spec: HwSpec, sms, t):
     return np.array(out) if np.ndim(sms) else out[0]
 
 
-def stage_servers(totals: dict, spec: HwSpec, sms, t, units: int) -> np.ndarray:
+def stage_servers(totals: dict, sms, t, units: int) -> np.ndarray:
     """servers_for of every stage at its SM count (sms: one per stage; t: per-unit times)."""
     out = np.ones(len(t), dtype=np.int64)
     for j, cap in enumerate(totals["stage_inflight"]):
-        ratio = _stage_ratio(totals, j, spec, sms[j], t[j])
+        ratio = _stage_ratio(totals, j, sms[j])
         if ratio is not None:
             out[j] = int(servers_for(t[j], ratio * t[j], cap, units))
     return out
@@ -634,7 +634,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     units = plan.row_blocks * plan.slabs
     t = np.array([stage_unit_time(w, spec, s, sh)
                   for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
-    srv = stage_servers(totals, spec, c.sms, t, units)
+    srv = stage_servers(totals, c.sms, t, units)
     depths = tuple(d * plan.slabs for d in c.depths)
     sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     used = sum(c.sms)
@@ -721,7 +721,7 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
     for j, cap in enumerate(totals["stage_inflight"]):
-        ratio = _stage_ratio(totals, j, spec, axis, tab[j, 1:])
+        ratio = _stage_ratio(totals, j, axis)
         if ratio is not None:
             srv[j, 1:] = servers_for(tab[j, 1:], ratio * tab[j, 1:], cap, units)
     return tab, srv, totals

@@ -162,21 +162,26 @@ TILESYNC_PROBES = [
 ]
 
 
-def probe_variants(info, cases=TILESYNC_PROBES):
-    """(case, region, Region, [plain, signal, both]) per probe case (build only)."""
+def _case_sets(info, cases, variants):
+    """(case, region, Region, variants(reg, tensors, groups)) per case (build only): one
+    model per case, its tensors shared by the variants, one kernel per op."""
     from kitsune_dse.validate.lower import bsp_groups
-    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
+    from kitsune_dse.validate.runtime import Tensors
     out = []
     for name, dtype, kind, dims in cases:
         g, region = case_model(kind, dtype, dims)
         reg = Region(g, region)
-        tensors = Tensors(reg)
-        groups = bsp_groups(reg)
-        vs = [StandaloneVariant("plain", reg, tensors, info, groups, graph=True, prefix="mb"),
-              TilesyncVariant("signal", reg, tensors, info, groups, "tilesync", probe="signal"),
-              TilesyncVariant("both", reg, tensors, info, groups, "tilesync", probe="both")]
-        out.append(((name, dtype, kind, dims), region, reg, vs))
+        out.append(((name, dtype, kind, dims), region, reg, variants(reg, Tensors(reg), bsp_groups(reg))))
     return out
+
+
+def probe_variants(info, cases=TILESYNC_PROBES):
+    """(case, region, Region, [plain, signal, both]) per probe case (build only)."""
+    from kitsune_dse.validate.runtime import StandaloneVariant, TilesyncVariant
+    return _case_sets(info, cases, lambda reg, t, groups: [
+        StandaloneVariant("plain", reg, t, info, groups, graph=True, prefix="mb"),
+        TilesyncVariant("signal", reg, t, info, groups, "tilesync", probe="signal"),
+        TilesyncVariant("both", reg, t, info, groups, "tilesync", probe="both")])
 
 
 # chains of dependent GEMMs: a CUDA graph of their kernels against the same kernels under
@@ -192,17 +197,10 @@ TILESYNC_CHAINS = [
 
 def chain_variants(info, cases=TILESYNC_CHAINS):
     """(case, region, Region, [graph, tilesync]) per chain case (build only)."""
-    from kitsune_dse.validate.lower import bsp_groups
-    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
-    out = []
-    for name, dtype, kind, dims in cases:
-        g, region = case_model(kind, dtype, dims)
-        reg = Region(g, region)
-        tensors = Tensors(reg)
-        vs = [StandaloneVariant("graph", reg, tensors, info, bsp_groups(reg), graph=True, prefix="mb"),
-              TilesyncVariant("tilesync", reg, tensors, info, bsp_groups(reg), "tilesync")]
-        out.append(((name, dtype, kind, dims), region, reg, vs))
-    return out
+    from kitsune_dse.validate.runtime import StandaloneVariant, TilesyncVariant
+    return _case_sets(info, cases, lambda reg, t, groups: [
+        StandaloneVariant("graph", reg, t, info, groups, graph=True, prefix="mb"),
+        TilesyncVariant("tilesync", reg, t, info, groups, "tilesync")])
 
 
 # N tiny kernels one after another, as a CUDA graph and eagerly: T(N) = a + N b separates the
@@ -212,14 +210,7 @@ KERNEL_CHAINS = [("kernel chain", "fp16", "ewchain", (128, 1024, n)) for n in (1
 
 def kernel_chain_variants(info, cases=KERNEL_CHAINS):
     """(case, region, Region, [graph, eager]) per chain length (build only)."""
-    from kitsune_dse.validate.lower import bsp_groups
-    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors
-    out = []
-    for name, dtype, kind, dims in cases:
-        g, region = case_model(kind, dtype, dims)
-        reg = Region(g, region)
-        tensors = Tensors(reg)
-        vs = [StandaloneVariant("graph", reg, tensors, info, bsp_groups(reg), graph=True, prefix="mb"),
-              StandaloneVariant("eager", reg, tensors, info, bsp_groups(reg), prefix="mb")]
-        out.append(((name, dtype, kind, dims), region, reg, vs))
-    return out
+    from kitsune_dse.validate.runtime import StandaloneVariant
+    return _case_sets(info, cases, lambda reg, t, groups: [
+        StandaloneVariant("graph", reg, t, info, groups, graph=True, prefix="mb"),
+        StandaloneVariant("eager", reg, t, info, groups, prefix="mb")])
