@@ -59,17 +59,18 @@ def tile_cases():
     return cases
 
 
-def pipe_region(kind: str, dims, sms: int):
+def pipe_region(kind: str, dims, sms: int, rows: int = 128):
     from kitsune_dse.validate.microbench import case_model
     g, region = case_model(kind, "fp16", dims)
     ops = list(region["ops"])
     region = {"id": 0, "strategy": "pipeline", "ops": ops,
-              "stages": [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": {"rows": 128, "cols": 128}}],
+              "stages": [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": {"rows": rows, "cols": 128}}],
               "queues": []}
     return g, region
 
 
-# diagnostics of the persistent kernel (one stage): (label, kind, dims, sms, L2 flushed?)
+# diagnostics of the persistent kernel (one stage): (label, kind, dims, sms, L2 flushed?[, tile
+# rows, 128 by default])
 PIPE_DIAG = [
     ("fixed cost add 128x1024", "add", (128, 1024), 132, True),
     ("fixed cost add 128x1024", "add", (128, 1024), 8, True),
@@ -86,6 +87,12 @@ PIPE_DIAG = [
     ("gemm weight stream", "matmul", (64, 49152, 12288), 132, True),
     ("gemm weight stream", "matmul", (64, 49152, 12288), 66, True),
     ("gemm weight stream", "matmul", (64, 12288, 49152), 132, True),
+    # the same with the 64-row tiles a 64-row plan tile runs (1.5x the operand loads per FLOP)
+    ("gemm weight stream 64-row tiles", "matmul", (64, 49152, 12288), 132, True, 64),
+    ("gemm weight stream 64-row tiles", "matmul", (64, 49152, 12288), 66, True, 64),
+    ("gemm weight stream 64-row tiles", "matmul", (64, 12288, 49152), 132, True, 64),
+    ("gemm 64-row tiles", "matmul", (4096, 4096, 4096), 132, True, 64),
+    ("gemm 64-row tiles", "matmul", (4096, 4096, 4096), 33, True, 64),
     ("gemm weights beyond L2", "matmul", (2048, 6144, 12288), 132, True),
     ("gemm weights beyond L2", "matmul", (2048, 6144, 12288), 66, True),
     ("gemm weights beyond L2", "matmul", (2048, 12288, 6144), 44, True),
@@ -112,17 +119,19 @@ STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
 
 def pipe_variants(info):
-    """(label, kind, dims, sms, flush, Region, PipelineVariant) of the one-stage pipeline cases
+    """(label, kind, dims, sms, flush, tile rows, Region, PipelineVariant) of the one-stage pipeline cases
     (build only): the SM sweeps, then the diagnostics."""
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.runtime import PipelineVariant, Tensors
     cases = [("sweep", kind, dims, s, True) for kind, dims in (("matmul", PIPE_GEMM), ("add", PIPE_EW))
              for s in PIPE_SMS] + PIPE_DIAG
     out = []
-    for label, kind, dims, s, flush in cases:
-        g, region = pipe_region(kind, dims, s)
+    for label, kind, dims, s, flush, *rows in cases:
+        rows = rows[0] if rows else 128
+        g, region = pipe_region(kind, dims, s, rows)
         reg = Region(g, region)
-        out.append((label, kind, dims, s, flush, reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
+        out.append((label, kind, dims, s, flush, rows, reg,
+                    PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
     return out
 
 
@@ -234,8 +243,9 @@ def measure_pipes(runs: int, log) -> tuple[list, list, list]:
     flush = L2Flusher()
     gemm, ew, rows = [], [], []
     with stream:
-        for label, kind, dims, s, fl, reg, v in pipe_variants(info):
-            row = {"label": label, "kind": kind, "dims": list(dims), "sms": s, "l2_flushed": fl}
+        for label, kind, dims, s, fl, tr, reg, v in pipe_variants(info):
+            row = {"label": label, "kind": kind, "dims": list(dims), "sms": s, "l2_flushed": fl,
+                   **({"tile_rows": tr} if tr != 128 else {})}   # (older runs' rows have none)
             try:
                 v.prepare()
                 chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
@@ -410,7 +420,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                                    - sp.graph_launch_overhead_s)
     # the harness's kernels in a graph: chains of N tiny kernels, T(N) = a + N b, separate the
     # launch latency a (once per graph) from each kernel's marginal cost b; the lone kernel above
-    # has both (the cublas variant launches eagerly from Python: it keeps the lone-kernel figure)
+    # has both (the cublas variant launches eagerly from Python: CuPy refuses cuBLAS calls in a
+    # stream capture; it keeps the lone-kernel figure)
     chain = None
     if raw.get("kernel_chain_rows"):
         from kitsune_dse.calibrate.fit import fit_kernel_chain
@@ -434,6 +445,13 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         if sp is harness and chain:
             data["launch_latency_s"] = chain["latency_s"]
             data.setdefault("calibration", {})["kernel_chain_fit"] = dict(chain)
+            if any(r.get("eager_s") for r in raw["kernel_chain_rows"]):
+                # the same chains launched eagerly cost more per kernel than in a graph: the
+                # difference is what a dependent eager launch waits beyond a graph node's gap
+                eager = fit_kernel_chain(raw["kernel_chain_rows"], key="eager_s")
+                data["kernel_gap_s"] = sp.graph_launch_overhead_s + max(
+                    0.0, eager["per_kernel_s"] - chain["per_kernel_s"])
+                data["calibration"]["kernel_chain_eager_fit"] = dict(eager)
         data["name"] = name
         eff = dict(data["efficiency"])
         data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]
@@ -489,6 +507,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             pf = fit_persistent_gemm(spec_from_dict(data, name), gemm_rows)
             data["gemm_tile_fixed_s"] = pf["tile_fixed_s"]
             data["persistent_gemm_sm_stream_Bps"] = pf["sm_stream_Bps"]
+            data["persistent_gemm_l2_Bps"] = pf["operand_l2_Bps"]
             data["efficiency"]["persistent_tensor_core"] = pf["persistent_tensor_core"]
             data["efficiency"]["mem_compute_overlap"] = pf["mem_compute_overlap"]
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]

@@ -20,7 +20,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 from accuracy import spearman  # noqa: E402
 
 from kitsune_dse.cost.region import Region  # noqa: E402
-from kitsune_dse.cost.strategies import LaunchChoice, bsp, fusion  # noqa: E402
+from kitsune_dse.cost.strategies import LaunchChoice, bsp, fusion, library_bsp  # noqa: E402
 from kitsune_dse.graph import load_model  # noqa: E402
 from kitsune_dse.hw import load_spec  # noqa: E402
 from kitsune_dse.hw.spec import spec_with_overrides  # noqa: E402
@@ -65,7 +65,7 @@ def main() -> None:
         region = Region.of(graph)
         base = {"bsp-graph": bsp(region, spec), "bsp-eager": bsp(region, spec, LaunchChoice("eager")),
                 "fusion-graph": fusion(region, spec), "fusion": fusion(region, spec, LaunchChoice("eager")),
-                "cublas": bsp(region, cspec, LaunchChoice("eager"))}
+                "cublas": library_bsp(region, cspec, LaunchChoice("eager"))}
         for v, e in base.items():
             r = next((x for x in rows if x["plan"] == f"{name}/whole" and x["variant"] == v), None)
             if r and r.get("measured_latency_s"):

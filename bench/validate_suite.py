@@ -153,7 +153,8 @@ def _rel(p: Path) -> str:
 def _est(e) -> dict:
     return {"latency_s": e.latency_s, "dram_read_bytes": e.dram_read_bytes,
             "dram_write_bytes": e.dram_write_bytes, "kernel_launches": e.kernel_launches,
-            "kernels": [{"kernel": k["kernel"], "latency_s": k["latency_s"]}
+            "kernels": [{"kernel": k["kernel"], "latency_s": k["latency_s"],
+                         **({"eager_step_s": k["eager_step_s"]} if "eager_step_s" in k else {})}
                         for k in (e.breakdown or {}).get("kernels", [])]}
 
 
@@ -162,7 +163,7 @@ def prepare() -> None:
     import shutil
 
     from kitsune_dse.cost.region import Region as CRegion
-    from kitsune_dse.cost.strategies import LaunchChoice, bsp, fusion
+    from kitsune_dse.cost.strategies import LaunchChoice, bsp, fusion, library_bsp
     from kitsune_dse.graph import load_model
     from kitsune_dse.hw import load_spec
     from kitsune_dse.report.plan import evaluate_plan
@@ -214,7 +215,7 @@ def prepare() -> None:
         baselines = {
             "bsp-graph": _est(bsp(region, spec)), "bsp-eager": _est(bsp(region, spec, LaunchChoice("eager"))),
             "fusion-graph": _est(fusion(region, spec)), "fusion": _est(fusion(region, spec, LaunchChoice("eager"))),
-            "cublas": _est(bsp(region, cspec, LaunchChoice("eager"))),
+            "cublas": _est(library_bsp(region, cspec, LaunchChoice("eager"))),
         }
         manifest["workloads"].append({"name": name, "model": model, "sizes": sizes, "expect": expect,
                                       "plans": plans, "whole": _rel(d / "plans/whole.json"),

@@ -106,6 +106,26 @@ def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():
     assert fit["persistent_gemm_hbm"] == pytest.approx(0.7, rel=0.05)
 
 
+def test_persistent_gemm_fit_finds_the_operand_feed():
+    # a planted 4 TB/s feed binds the long-K cases at 132 SMs (and the 64-row tiles), not at 8-33
+    from kitsune_dse.calibrate.fit import fit_persistent_gemm, persistent_gemm_time
+    base = load_spec("h100-sxm")
+    truth = base.model_copy(update={
+        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9, "persistent_gemm_l2_Bps": 4e12,
+        "efficiency": base.efficiency.model_copy(update={
+            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7})})
+    cases = [((4096, 4096, 4096), s, 128) for s in (8, 33, 66, 99, 132)] + [
+        ((4096, 4096, 4096), 132, 64), ((4096, 4096, 4096), 33, 64), ((16384, 1024, 256), 132, 128),
+        ((65536, 128, 1024), 132, 128), ((64, 49152, 12288), 132, 64), ((64, 49152, 12288), 33, 128),
+        ((2048, 6144, 12288), 132, 128), ((2048, 6144, 12288), 66, 128)]
+    rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s, rows=r),
+             **({"tile_rows": r} if r != 128 else {})} for d, s, r in cases]
+    fit = fit_persistent_gemm(base, rows)
+    assert fit["rms_rel_error"] < 5e-3
+    assert fit["operand_l2_Bps"] == pytest.approx(4e12, rel=0.05)
+    assert "64x49152x12288@132/r64" in fit["rel_error_by_case"]
+
+
 def test_the_committed_harness_spec_carries_the_persistent_gemm_fit():
     sp = load_spec("h100-sxm.calibrated")
     fit = sp.calibration.tile_gemm_fit
@@ -113,6 +133,7 @@ def test_the_committed_harness_spec_carries_the_persistent_gemm_fit():
     assert sp.gemm_tile_fixed_s == pytest.approx(fit["tile_fixed_s"])
     assert sp.persistent_gemm_sm_stream_Bps == pytest.approx(fit["sm_stream_Bps"])
     assert sp.efficiency.persistent_gemm_hbm == pytest.approx(fit["persistent_gemm_hbm"])
+    assert sp.persistent_gemm_l2_Bps == pytest.approx(fit["operand_l2_Bps"])
 
 
 def test_tile_handoff_fit_recovers_the_constants_it_was_made_from():

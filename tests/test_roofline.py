@@ -282,6 +282,36 @@ def test_persistent_gemm_step_by_hand():
     assert kernel_time(few, sp, np.array([132.0]))[0] == pytest.approx(kernel_time(few, sp, 132), rel=1e-12)
 
 
+def test_persistent_gemm_operand_feed_by_hand():
+    """Every SM in use loads its tiles' A and B slices from L2 through one shared feed: a
+    128x128 fp16 tile of K = 4096 loads (128 + 128) x 4096 x 2 bytes = 2 MiB."""
+    sp = H100.model_copy(update={"gemm_tile_fixed_s": 0.0, "persistent_gemm_l2_Bps": 4e12})
+    rate = sp.tensor_rate_per_sm("fp16")
+    step = KernelWork("p", "fp16", tensor_flops=1024 * 2 * 128 * 128 * 4096, tiles=1024,
+                      ctas_per_sm=2, tile_shape=(128, 128), persistent=True)
+    tile_bytes = 256 * 4096 * 2
+    # 132 SMs: 8 tile times per SM (ceil(1024 / 264) x 2); each SM gets 4e12 / 132 of the feed
+    fed = 8 * tile_bytes * 132 / 4e12
+    math_s = 8 * 2 * 128 * 128 * 4096 / rate
+    assert fed > math_s
+    assert kernel_time(step, sp, 132) == pytest.approx(fed, rel=1e-12)
+    lat, parts = kernel_time(step, sp, 132, parts=True)
+    assert parts["feed_s"] == pytest.approx(fed, rel=1e-12) and parts["compute_s"] == pytest.approx(fed)
+    # 8 SMs: the feed per SM is 16x larger and the math binds again
+    assert kernel_time(step, sp, 8) == pytest.approx(64 * 2 * 2 * 128 * 128 * 4096 / rate, rel=1e-12)
+    # a 64-row tile loads 1.5x the bytes per FLOP of a 128-row one
+    narrow = KernelWork("n", "fp16", tensor_flops=2048 * 2 * 64 * 128 * 4096, tiles=2048,
+                        ctas_per_sm=2, tile_shape=(64, 128), persistent=True)
+    assert kernel_time(narrow, sp, 132, parts=True)[1]["feed_s"] == pytest.approx(
+        16 * (64 + 128) * 4096 * 2 * 132 / 4e12, rel=1e-12)
+    # no feed for standalone kernels, nor without the calibrated constant
+    assert kernel_time(step, H100, 132, parts=True)[1]["feed_s"] == 0.0
+    alone = KernelWork("s", "fp16", tensor_flops=step.tensor_flops, tiles=1024, tile_shape=(128, 128))
+    assert kernel_time(alone, sp, 132, parts=True)[1]["feed_s"] == 0.0
+    assert kernel_time(step, sp, np.array([8.0, 132.0])) == pytest.approx(
+        [kernel_time(step, sp, 8), kernel_time(step, sp, 132)], rel=1e-12)
+
+
 def test_weights_beyond_l2_stream_once_per_row_blocks_held_at_once():
     from kitsune_dse.cost.roofline import weight_reread_bytes
     w = KernelWork("w", "fp16", tensor_flops=1.0, tiles=48 * 16, ctas_per_sm=2, tile_shape=(128, 128),

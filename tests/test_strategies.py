@@ -136,7 +136,8 @@ def _gg(m, n1, n2, k):
 def test_tilesync_overlap_by_hand():
     # g1: [128,384] @ [384,256] and g2: [128,256] @ [256,256], fp16, 64x64 tiles: 8 tiles each,
     # one partial wave on 132 SMs (fill 8/132). Both are memory-bound on the 8 SMs they use:
-    t0 = (128 * 384 * 2 + 384 * 256 * 2) / hbm_curve(8)          # x, w1 read; h stays in L2
+    # x, w1 read and h written (written back, though g2 reads it from L2)
+    t0 = (128 * 384 * 2 + 384 * 256 * 2 + 128 * 256 * 2) / hbm_curve(8)
     t1 = (256 * 256 * 2 + 128 * 256 * 2) / hbm_curve(8)          # w2 read, y written
     r = Region.of(_gg(128, 256, 256, 384))
     e = tilesync(r, H0)
@@ -326,7 +327,7 @@ def test_tilesync_pays_per_tile_hand_offs_by_hand():
     # its rows), g2 checks a flag before each tile; one tile each on the busiest SM
     hs = spec(tile_signal_s=0.3e-6, tile_wait_s=0.2e-6, tilesync_fixed_s=1e-6)
     r = Region.of(_gg(128, 256, 256, 384))
-    t0 = (128 * 384 * 2 + 384 * 256 * 2) / hbm_curve(8)
+    t0 = (128 * 384 * 2 + 384 * 256 * 2 + 128 * 256 * 2) / hbm_curve(8)
     t1 = (256 * 256 * 2 + 128 * 256 * 2) / hbm_curve(8)
     e = tilesync(r, hs)
     assert e.latency_s == pytest.approx(0.8e-6 + 1e-6 + (t0 + 0.56e-6 + 0.3e-6) + (t1 + 0.2e-6), rel=1e-9)
@@ -379,3 +380,40 @@ def test_a_graph_pays_its_launch_latency_once_and_back_to_back_regions_hide_it()
     assert b.latency_s == pytest.approx(a.latency_s + 3e-6, rel=1e-12)
     two = compose_sequential(g, sp, [(r.ops, b), (r.ops, b)])
     assert two.latency_s == pytest.approx(2 * b.latency_s - 3e-6, rel=1e-12)
+
+
+# -- eager launches and the library baseline ------------------------------------------------------
+def test_eager_kernel_ends_by_hand():
+    from kitsune_dse.cost.strategies import kernel_ends, launch_timeline
+    sp = spec(launch_overhead_s=5e-6, kernel_gap_s=2e-6)
+    # a long kernel lets the host get ahead: the next two start a gap after the last one ends;
+    # the host issues the 4th at 20 us, after the 3rd has ended (5 + 30 + 2 + 1 + 2 + 1 = 41 us)
+    times = [30e-6, 1e-6, 1e-6]
+    assert kernel_ends(times, sp) == pytest.approx([35e-6, 38e-6, 41e-6])
+    # tiny kernels wait for the host: one every launch_overhead_s
+    assert kernel_ends([1e-6] * 3, sp) == pytest.approx([6e-6, 11e-6, 16e-6])
+    assert launch_timeline(times, sp, "eager")[0] == pytest.approx(41e-6)
+    e = bsp(Region.of(mlp_graph(256, 1024, 4096)), H100, LaunchChoice("eager"))
+    steps = [k["eager_step_s"] for k in e.breakdown["kernels"]]
+    assert sum(steps) == pytest.approx(e.latency_s, rel=1e-12)
+    assert all(s >= k["latency_s"] for s, k in zip(steps, e.breakdown["kernels"]))
+    assert "eager_step_s" not in bsp(Region.of(mlp_graph(256, 1024, 4096)), H100).breakdown["kernels"][0]
+
+
+def test_library_bsp_adds_each_bias_in_a_kernel_of_its_own():
+    from kitsune_dse.cost.strategies import library_bsp
+    from kitsune_dse.graph.transform import unfused_bias
+    g = mlp_graph(1024, 1024, 4096)
+    u = unfused_bias(g)
+    assert [o.name for o in u.ops] == ["fc1", "fc1_bias", "gelu", "fc2", "fc2_bias", "residual"]
+    assert u.op("fc1").inputs == ("x", "w1") and u.op("fc1_bias").inputs == ("h_raw", "b1")
+    assert u.op("fc1_bias").outputs == ("h",) and u.outputs == g.outputs
+    assert unfused_bias(u) is u
+    r = Region.of(g)
+    lib, own = library_bsp(r, H100), bsp(r, H100)
+    assert lib.kernel_launches == own.kernel_launches + 2
+    # the bias kernels read the raw products (h_raw from L2: 8 MiB fits; o_raw likewise) and
+    # write h and o again: every write reaches DRAM
+    h, o = 1024 * 4096 * 2, 1024 * 1024 * 2
+    assert lib.dram_write_bytes == pytest.approx(own.dram_write_bytes + h + o)
+    assert lib.latency_s > own.latency_s

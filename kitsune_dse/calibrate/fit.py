@@ -148,53 +148,63 @@ def check_finite(m: dict) -> None:
                 raise ValueError(f"{key} at {s} SMs is {v}")
 
 
-def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16") -> float:
+def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16", rows: int = 128) -> float:
     """The model's time of a one-stage persistent pipeline kernel of one microbenchmark op
     (validate.microbench.case_model: a GEMM (m, n, k) or a row op (rows, cols)) on `sms` SMs,
-    128-row blocks, as the explorer prices a pipeline stage."""
+    `rows`-row blocks, as the explorer prices a pipeline stage."""
     from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
     from kitsune_dse.cost.region import Region
     from kitsune_dse.validate.microbench import case_model
     g, _ = case_model(kind, dtype, tuple(dims))
-    return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), 128)).latency_s
+    return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), rows)).latency_s
 
 
-def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16") -> float:
-    return one_stage_time(spec, "matmul", (m, n, k), sms, dtype)
+def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16",
+                         rows: int = 128) -> float:
+    return one_stage_time(spec, "matmul", (m, n, k), sms, dtype, rows)
 
 
 def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     """Fit the persistent runtime's GEMM step to one-stage pipeline microbenchmarks (rows: dims
     (m, n, k), sms, time_s) through the model itself (persistent_gemm_time), by least squares on
-    the relative error: its tensor rate, a fixed cost per 128x128 output tile, and the DRAM bytes
+    the relative error: its tensor rate, a fixed cost per 128x128 output tile, the DRAM bytes
     per second one SM's tiles stream (cp.async loads of two teams, latency-bound far below what
-    a streaming kernel pulls), how much of that stream hides under the math and its ceiling
-    over datasheet HBM. Returns the constants, the residuals and the spec that carries them."""
+    a streaming kernel pulls), how much of that stream hides under the math, its ceiling over
+    datasheet HBM, and the L2 feed every SM's tile loads share (roofline._operand_feed_s).
+    Returns the constants, the residuals and the spec that carries them."""
     peak = spec.tensor_peak_flop_per_s["fp16"]
     meas = np.array([r["time_s"] for r in rows], float)
 
     def with_params(x):
-        eff, tile_us, stream_GBps, overlap, hbm = (float(v) for v in x)
+        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps = (float(v) for v in x)
         return spec.model_copy(update={
             "gemm_tile_fixed_s": tile_us * 1e-6, "persistent_gemm_sm_stream_Bps": stream_GBps * 1e9,
+            "persistent_gemm_l2_Bps": feed_TBps * 1e12,
             "efficiency": spec.efficiency.model_copy(update={
                 "persistent_tensor_core": eff, "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm})})
 
     def resid(x):
         sp = with_params(x)
-        return np.array([persistent_gemm_time(sp, *r["dims"], r["sms"]) for r in rows]) / meas - 1
-    x0 = [spec.efficiency.tensor_core, 2.0, spec.hbm_per_sm_bandwidth_Bps / 1e9, 0.5, spec.efficiency.hbm]
-    fit = least_squares(resid, x0, bounds=([0.05, 0.0, 1.0, 0.0, 0.2], [1.0, 50.0, 500.0, 1.0, 1.0]),
-                        diff_step=1e-3)
+        return np.array([persistent_gemm_time(sp, *r["dims"], r["sms"], rows=r.get("tile_rows", 128))
+                         for r in rows]) / meas - 1
+    # the feed cap is a max() beside the math: started above it, it has no gradient, so start
+    # from a few feeds below the L2's streaming rate and keep the best
+    l2_TBps = spec.l2_bandwidth_Bps * spec.efficiency.l2 / 1e12
+    fit = min((least_squares(resid, [spec.efficiency.tensor_core, 2.0, spec.hbm_per_sm_bandwidth_Bps / 1e9,
+                                     0.5, spec.efficiency.hbm, f * l2_TBps],
+                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5], [1.0, 50.0, 500.0, 1.0, 1.0, 50.0]),
+                             diff_step=1e-3) for f in (0.6, 0.8, 1.0)), key=lambda r: r.cost)
     rel = resid(fit.x)
-    eff, tile_us, stream_GBps, overlap, hbm = (float(v) for v in fit.x)
+    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps = (float(v) for v in fit.x)
     return {"persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
             "tile_fixed_s": tile_us * 1e-6, "sm_stream_Bps": stream_GBps * 1e9,
             "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
+            "operand_l2_Bps": feed_TBps * 1e12,
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
-            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
-                                  for r, e in zip(rows, rel)},
+            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}"
+                                  + (f"/r{r['tile_rows']}" if r.get("tile_rows", 128) != 128 else ""):
+                                  round(float(e), 3) for r, e in zip(rows, rel)},
             "spec": with_params(fit.x)}
 
 

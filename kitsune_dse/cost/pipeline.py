@@ -429,7 +429,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             for o in atom:
                 for t in g.op(o).outputs:
                     b = g.tensors[t].nbytes
-                    if t in region.outputs and not handed_over(region, spec, t):
+                    if t in region.outputs:        # written back from L2 (cost.region)
                         d_w += b
                     cons = [x for x in g.consumers(t) if x in region.op_set and x not in aset]
                     if any(x in sub.op_set for x in cons):
@@ -671,7 +671,8 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
     """The stages share one DRAM: a memory-bound step streams its bytes no faster than the
     same step over all the stages' work would on all the pipeline's SMs (measured: gpt3 t64's
     two weight-streaming GEMMs on 74 + 58 SMs took 1,159 us, 2.1 TB/s, where one GEMM alone
-    streams at 2.2 TB/s on 66 or 132 SMs). Compute-bound steps add their bytes at the chip's
+    streams at 2.2 TB/s on 66 or 132 SMs), and so does a step its tiles' operand loads from L2
+    bound (roofline._operand_feed_s). Compute-bound steps add their bytes at the chip's
     streaming bandwidth."""
     floor = 0.0
     bw = spec.hbm_bandwidth_from(used)
@@ -682,7 +683,9 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
             f = units / max(1, w.inflight)
             whole = w.scaled(f, tiles=max(1, math.ceil(w.tiles * f)))
             lat, p = kernel_time(whole, spec, used, parts=True)
-            floor += lat if p["dram_s"] >= p["compute_s"] else whole.dram_bytes / bw
+            # the L2 operand feed of persistent GEMM tiles is shared by the stages as well
+            shared = max(p["dram_s"], p["feed_s"])
+            floor += lat if shared >= p["compute_s"] else whole.dram_bytes / bw
     return floor
 
 

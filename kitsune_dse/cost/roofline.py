@@ -18,6 +18,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from kitsune_dse.cost.memo import table
+from kitsune_dse.graph.ir import DTYPE_BYTES
 from kitsune_dse.hw.spec import HwSpec
 
 GEMM_TILES = ((128, 256), (128, 128), (64, 128), (64, 64))  # (rows, cols) CTA tile candidates
@@ -94,8 +95,10 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
     per_tile += _tile_fixed(work, spec)
-    compute = per_sm * per_tile
+    math_s = per_sm * per_tile
     used = _sms_streaming(work, s)
+    feed = per_sm * _operand_feed_s(work, spec) * used
+    compute = np.maximum(math_s, feed)
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
@@ -108,9 +111,10 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     ramp = _ramp(work, spec)
     lat = np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2) + ramp
     if np.ndim(sms) == 0:
-        lat, compute, dram, l2, waves = (float(x) for x in (lat, compute, dram, l2, waves))
+        lat, compute, dram, l2, waves, feed = (float(x) for x in (lat, compute, dram, l2, waves, feed))
     if parts:
-        return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves, "ramp_s": ramp}
+        return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves, "ramp_s": ramp,
+                     "feed_s": feed}
     return lat
 
 
@@ -180,8 +184,10 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
-    compute = float(busiest_sm_tiles(work, s)) * (per_tile + _tile_fixed(work, spec))
+    busiest = float(busiest_sm_tiles(work, s))
+    compute = busiest * (per_tile + _tile_fixed(work, spec))
     used = max(float(_sms_streaming(work, s)), 1e-9)
+    compute = max(compute, busiest * _operand_feed_s(work, spec) * used)
     e = spec.efficiency
     p = e.hbm_saturation_exponent
     dram = l2 = 0.0
@@ -213,6 +219,20 @@ def _tensor_rate(work: KernelWork, spec: HwSpec) -> float:
     if work.persistent and e.persistent_tensor_core:
         r *= e.persistent_tensor_core / e.tensor_core
     return r
+
+
+def _operand_feed_s(work: KernelWork, spec: HwSpec) -> float:
+    """Seconds one output tile of a persistent GEMM step takes to load its A and B slices
+    from L2 when every SM in use loads at once and they share the calibrated L2 feed
+    (multiply by the SMs in use): its bytes are the tile's FLOP x (1/rows + 1/cols) x element
+    size / 2, 1/64 of a byte per FLOP for 128x128 fp16 tiles. Measured (one-stage pipelines,
+    long K): 2.6 TFLOP/s per SM up to 99 SMs, 2.37 at 132 (4.9 TB/s of operand loads)."""
+    if not (work.persistent and _is_gemm(work) and spec.persistent_gemm_l2_Bps):
+        return 0.0
+    bm, bn = work.tile_shape
+    tile_bytes = (work.tensor_flops / max(1, work.tiles)) * (1.0 / bm + 1.0 / bn) * 0.5 \
+        * DTYPE_BYTES.get(work.dtype, 2)
+    return tile_bytes / spec.persistent_gemm_l2_Bps
 
 
 def _is_gemm(work: KernelWork) -> bool:

@@ -15,6 +15,7 @@ from kitsune_dse.cost.region import (Region, is_fusible_reduction_owner, kernel_
                                      kernel_works)
 from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time
 from kitsune_dse.graph.ir import DepPattern, OpClass
+from kitsune_dse.graph.transform import BIAS_SUFFIX, unfused_bias
 from kitsune_dse.hw.spec import HwSpec
 
 STRATEGIES = ("bsp", "fusion", "tilesync", "concurrent", "pipeline")
@@ -39,12 +40,20 @@ def launch_timeline(times: list[float], spec: HwSpec, mode: str = "graph") -> tu
         return busy + over, over
     if mode != "eager":
         raise ValueError(f"launch mode {mode!r}")
-    end = 0.0
+    end = kernel_ends(times, spec)[-1]
+    return end, end - busy
+
+
+def kernel_ends(times: list[float], spec: HwSpec) -> list[float]:
+    """When each of kernels launched eagerly back to back ends: a kernel starts after the last
+    one (plus the device's gap) or once the host has issued it, whichever is later. The step
+    between two ends is what CUDA events recorded between the launches measure."""
+    out, end = [], 0.0
     for i, t in enumerate(times):
         issue = (i + 1) * spec.launch_overhead_s
-        start = max(end + (spec.kernel_gap_s if i else 0.0), issue)
-        end = start + t
-    return end, end - busy
+        end = max(end + (spec.kernel_gap_s if i else 0.0), issue) + t
+        out.append(end)
+    return out
 
 
 def _estimate_from_kernels(works: list[KernelWork], times: list[float], latency: float, spec,
@@ -61,11 +70,18 @@ def _estimate_from_kernels(works: list[KernelWork], times: list[float], latency:
         breakdown=breakdown).check()
 
 
-def _kernel_rows(works, times, spec):
-    return [{"kernel": w.name, "latency_s": t, "dram_read_bytes": w.dram_read_bytes,
+def _kernel_rows(works, times, spec, mode: str = "graph"):
+    """Per kernel: its work and time; launched eagerly, also the step from the previous
+    kernel's end to its own (what an event around its launch measures: host issue included)."""
+    rows = [{"kernel": w.name, "latency_s": t, "dram_read_bytes": w.dram_read_bytes,
              "dram_write_bytes": w.dram_write_bytes, "l2_bytes": w.l2_bytes, "tiles": w.tiles,
              "waves": math.ceil(w.tiles / (spec.sm_count * w.ctas_per_sm))}
             for w, t in zip(works, times)]
+    if mode == "eager":
+        ends = kernel_ends(times, spec)
+        for r, e, prev in zip(rows, ends, [0.0] + ends[:-1]):
+            r["eager_step_s"] = e - prev
+    return rows
 
 
 # -- bsp ----------------------------------------------------------------------------------------
@@ -81,7 +97,17 @@ def bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Est
     lat, over = launch_timeline(times, spec, choice.launch)
     return _estimate_from_kernels(works, times, lat, spec, region, strategy="bsp",
                                   launch=choice.launch, launch_s=over,
-                                  kernels=_kernel_rows(works, times, spec))
+                                  kernels=_kernel_rows(works, times, spec, choice.launch))
+
+
+def library_bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
+    """One kernel per op with a GEMM library's plain product: a matmul's bias is added by a
+    kernel of its own (what the validation harness's cublas baseline runs: cuBLAS writes the
+    product, an elementwise kernel reads it back with the bias), priced with `spec`'s rates."""
+    g = unfused_bias(region.graph)
+    names = {op.name for op in g.ops}
+    ops = [x for o in region.ops for x in (o, o + BIAS_SUFFIX) if x in names]
+    return bsp(Region.of(g, ops), spec, choice)
 
 
 # -- fusion -------------------------------------------------------------------------------------
@@ -166,7 +192,7 @@ def fusion(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> 
     return _estimate_from_kernels(works, times, lat, spec, region, strategy="fusion",
                                   launch=choice.launch, launch_s=over,
                                   groups=[list(x) for x in groups],
-                                  kernels=_kernel_rows(works, times, spec))
+                                  kernels=_kernel_rows(works, times, spec, choice.launch))
 
 
 # -- tilesync (cuSync) --------------------------------------------------------------------------

@@ -123,6 +123,9 @@ class HwSpec(_Strict):
     persistent_gemm_sm_stream_Bps: Pos | None = None  # DRAM operand bytes one SM's persistent
                                                 # GEMM tiles stream per second (latency-bound
                                                 # cp.async loads; default hbm_per_sm_bandwidth_Bps)
+    persistent_gemm_l2_Bps: Pos | None = None   # L2 to SM bytes per second all SMs' persistent
+                                                # GEMM tiles load their operands at, together (the
+                                                # A and B slices of every output tile; None: no cap)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
     persistent_row_item_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
