@@ -296,7 +296,13 @@ def test_persistent_gemm_operand_feed_by_hand():
     assert fed > math_s
     assert kernel_time(step, sp, 132) == pytest.approx(fed, rel=1e-12)
     lat, parts = kernel_time(step, sp, 132, parts=True)
-    assert parts["feed_s"] == pytest.approx(fed, rel=1e-12) and parts["compute_s"] == pytest.approx(fed)
+    assert parts["feed_s"] == pytest.approx(fed, rel=1e-12) and parts["compute_s"] == pytest.approx(math_s)
+    # the feed hides the DRAM stream its bytes include and the math: it caps the step
+    streamed = KernelWork("p", "fp16", tensor_flops=step.tensor_flops, tiles=1024, ctas_per_sm=2,
+                          tile_shape=(128, 128), persistent=True, dram_read_bytes=1e6)
+    lat2, p2 = kernel_time(streamed, sp, 132, parts=True)
+    ov = 1 - sp.efficiency.mem_compute_overlap
+    assert lat2 == pytest.approx(max(fed, max(math_s, p2["dram_s"]) + ov * min(math_s, p2["dram_s"])), rel=1e-12)
     # 8 SMs: the feed per SM is 16x larger and the math binds again
     assert kernel_time(step, sp, 8) == pytest.approx(64 * 2 * 2 * 128 * 128 * 4096 / rate, rel=1e-12)
     # a 64-row tile loads 1.5x the bytes per FLOP of a 128-row one

@@ -127,7 +127,8 @@ def test_split_k_consumer_servers_by_hand():
 def _dense_schedule(shape, tau, workers, sync_s):
     """The schedule replayed over every worker of every SM count (the plain form of
     stage_sim._simulate's replay, which touches only the workers with items)."""
-    K, Rs = len(shape.items), min(max(1, shape.row_blocks), 16)
+    from kitsune_dse.cost.stage_sim import SIM_ROW_BLOCKS
+    K, Rs = len(shape.items), min(max(1, shape.row_blocks), SIM_ROW_BLOCKS)
     n_s, W = len(workers), int(workers.max())
     c = np.arange(W)[None, :]
     Wc = workers[:, None]
@@ -155,7 +156,7 @@ def _dense_schedule(shape, tau, workers, sync_s):
 
 
 @settings(max_examples=60, deadline=None)
-@given(items=st.lists(st.integers(1, 300), min_size=1, max_size=5), rbs=st.integers(1, 40),
+@given(items=st.lists(st.integers(1, 300), min_size=1, max_size=5), rbs=st.integers(1, 160),
        workers=st.lists(st.integers(1, 280), min_size=1, max_size=6), look=st.integers(1, 20),
        slots=st.lists(st.integers(0, 4), min_size=5, max_size=5), seed=st.integers(0, 99),
        sync=st.sampled_from([0.0, 1e-6, 3.7e-7]))
@@ -190,3 +191,16 @@ def test_the_models_harness_gemm_choice_is_the_harnesss(m, n, k):
     from kitsune_dse.validate.codegen import choose_gemm_tile
     got = choose_gemm_tile(SimpleNamespace(tile=None, rows=m, cols=n, k=k, nb=1), 132)
     assert harness_gemm_choice(m, n, k, 132) == ((got["bm"], got["bn"]), got["splits"])
+
+
+def test_bert_one_stage_replay_matches_the_gpu_trace():
+    # bert-base-ffn's one-stage hand plan (fc1+gelu: 24 items of ~26 us per 128-row block, then
+    # fc2+residual: 6 of ~75 us; rings of 8 row-blocks; 128 row-blocks). The GPU's trace
+    # (bench/pipeline_trace.py, 2026-11-22) ends at 3.11 ms. Replayed from 16 row-blocks and
+    # extrapolated it was 4.7-6.2 ms depending on the SM count; the whole replay stays 2.9-3.4
+    from kitsune_dse.cost.stage_sim import makespan
+    shape = StageShape((24, 6), 128, 128, (8, 8), 8)
+    workers = np.array([256, 264, 272])
+    tau = np.array([[26.1e-6] * 3, [74.7e-6] * 3])
+    span = makespan(shape, tau, workers, 0.53e-6)
+    assert np.all((span > 2.9e-3) & (span < 3.4e-3)), span

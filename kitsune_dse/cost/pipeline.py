@@ -180,7 +180,7 @@ def _plan_stages(region: Region, spec: HwSpec, c: PipelineChoice) -> StagePlan:
 
 def runtime_row_blocks(plan: StagePlan) -> int:
     """Row-blocks the persistent runtime walks (a plan tile of R rows runs as R / bm of them)."""
-    return max(1, math.ceil(plan.stream_rows / pipe_tile(plan.choice.tile_rows)[0]))
+    return max(1, math.ceil(plan.stream_rows / pipe_tile(plan.choice.tile_rows, plan.stream_rows)[0]))
 
 
 def _resident_weights(plan: StagePlan, budget: float) -> list[bool]:
@@ -208,8 +208,11 @@ def ring_bytes(plan: StagePlan) -> float:
 PIPE_TILE_COLS = 128
 
 
-def pipe_tile(tile_rows: int) -> tuple[int, int]:
-    return (64 if tile_rows <= 64 else 128, PIPE_TILE_COLS)
+def pipe_tile(tile_rows: int, stream_rows: int | None = None) -> tuple[int, int]:
+    """The runtime's tile (validate/lower.py _tile_rows): 64-row blocks for a plan tile of 64
+    rows or fewer, or when the stream itself has no more than 64 rows."""
+    small = tile_rows <= 64 or (stream_rows is not None and stream_rows <= 64)
+    return (64 if small else 128, PIPE_TILE_COLS)
 
 
 def _atom_work(region: Region, atom, units, d_r, d_w, l2,
@@ -387,8 +390,8 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
-    bm = pipe_tile(c.tile_rows)[0]
-    rb_per_unit = max(1, c.tile_rows // bm)
+    bm = pipe_tile(c.tile_rows, plan.stream_rows)[0]
+    rb_per_unit = max(1, min(c.tile_rows, plan.stream_rows) // bm)
     for j, st in enumerate(c.stages):
         sub, atoms = subs[j], stage_atoms[j]
         # the stage's workers split over all its steps' items: row-blocks in flight at once
@@ -454,14 +457,17 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             reread_info = {"weight_pass_bytes": w_pass, "rbs": rbs, "items_per_rb": stage_items,
                            "rbs_at_once_max": at_once} if w_pass else None
             work = _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
-                              k_inf, c.tile_rows, slabs, reread_info)
+                              k_inf, bm, slabs, reread_info)
+            if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
+                work = replace(work, feed_sms=float(spec.sm_count))
             if w_pass:
                 read_terms.append((j, work))
             works.append(work)
             if len(atoms) == 1:
                 single.append(work if k_inf == 1 else
-                              _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
-                                         1, c.tile_rows, slabs, reread_info))
+                              replace(_atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
+                                                 1, bm, slabs, reread_info),
+                                      feed_sms=work.feed_sms))
                 splitk.append(_splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None)
         if len(atoms) > 1:
             single.append(None)
@@ -518,8 +524,8 @@ def _atom_items(g, atom, bm: int, rbs: int) -> int:
 def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) -> StageShape:
     g = region.graph
     c = plan.choice
-    bm = pipe_tile(c.tile_rows)[0]
-    rb_per_unit = max(1, c.tile_rows // bm)
+    bm = pipe_tile(c.tile_rows, plan.stream_rows)[0]
+    rb_per_unit = max(1, min(c.tile_rows, plan.stream_rows) // bm)
     rbs = max(1, math.ceil(plan.stream_rows / bm))
     items, slots = [], []
     for atom in atoms:
@@ -620,7 +626,7 @@ def _splitk_info(region: Region, plan: StagePlan, j: int, atom, bm: int, rbs: in
                       and g.op(o).inputs[0] == g.op(src).inputs[0]] if src else []
     slab_w = 64 if len(src_atom_gemms) == 2 else PIPE_TILE_COLS
     gd = gemms[0].info.gemm
-    rb_per_unit = max(1, c.tile_rows // bm)
+    rb_per_unit = max(1, min(c.tile_rows, plan.stream_rows) // bm)
     nslots = min(c.depths[j - 1] * rb_per_unit, rbs)
     return {"n_tiles": _atom_items(g, atom, bm, rbs), "k": gd.k, "slab_w": slab_w,
             "ws_per_split": nslots * nb * bm * gd.n * 4, "slabs": plan.slabs,

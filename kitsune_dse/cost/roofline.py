@@ -48,6 +48,8 @@ class KernelWork:
     row_inflight: float = 1.0      # a row-op step's loads in flight per lane over the runtime's most
                                    # (narrow rows keep fewer bytes in flight: a lower stream rate)
     weight_pass_bytes: float = 0.0
+    feed_sms: float = 0.0          # SMs sharing the L2 operand feed when more than its own (the
+                                   # other stages of a pipeline load their tiles at the same time)
     rbs: int = 1
     items_per_rb: int = 1
     rbs_at_once_max: float = 1.0
@@ -95,10 +97,9 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
     per_tile += _tile_fixed(work, spec)
-    math_s = per_sm * per_tile
+    compute = per_sm * per_tile
     used = _sms_streaming(work, s)
-    feed = per_sm * _operand_feed_s(work, spec) * used
-    compute = np.maximum(math_s, feed)
+    feed = per_sm * _operand_feed_s(work, spec) * np.maximum(used, work.feed_sms)
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
@@ -109,7 +110,8 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     # tile loads its calibrated rate already includes, so they only bound it
     ov = 1.0 - _overlap(work, spec)
     ramp = _ramp(work, spec)
-    lat = np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2) + ramp
+    # the operand feed caps the step (its loads overlap the math and the DRAM stream they carry)
+    lat = np.maximum(np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2), feed) + ramp
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves, feed = (float(x) for x in (lat, compute, dram, l2, waves, feed))
     if parts:
@@ -187,7 +189,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     busiest = float(busiest_sm_tiles(work, s))
     compute = busiest * (per_tile + _tile_fixed(work, spec))
     used = max(float(_sms_streaming(work, s)), 1e-9)
-    compute = max(compute, busiest * _operand_feed_s(work, spec) * used)
+    feed = busiest * _operand_feed_s(work, spec) * max(used, work.feed_sms)
     e = spec.efficiency
     p = e.hbm_saturation_exponent
     dram = l2 = 0.0
@@ -203,7 +205,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
     ov = 1.0 - _overlap(work, spec)
-    return max(max(compute, dram) + ov * min(compute, dram), l2) + _ramp(work, spec)
+    return max(max(compute, dram) + ov * min(compute, dram), l2, feed) + _ramp(work, spec)
 
 
 # Calibrated on the persistent runtime's GEMM steps (one-stage pipelines of several shapes): their
@@ -226,7 +228,8 @@ def _operand_feed_s(work: KernelWork, spec: HwSpec) -> float:
     from L2 when every SM in use loads at once and they share the calibrated L2 feed
     (multiply by the SMs in use): its bytes are the tile's FLOP x (1/rows + 1/cols) x element
     size / 2, 1/64 of a byte per FLOP for 128x128 fp16 tiles. Measured (one-stage pipelines,
-    long K): 2.6 TFLOP/s per SM up to 99 SMs, 2.37 at 132 (4.9 TB/s of operand loads)."""
+    long K): 2.6 TFLOP/s per SM up to 99 SMs, 2.37 at 132 (4.9 TB/s of operand loads). The
+    feed caps the step's time; it hides the math and the DRAM stream its bytes include."""
     if not (work.persistent and _is_gemm(work) and spec.persistent_gemm_l2_Bps):
         return 0.0
     bm, bn = work.tile_shape

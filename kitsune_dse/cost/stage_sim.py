@@ -14,7 +14,10 @@ estimate, validate/NOTES.md).
 
 `makespan` replays that schedule for many SM counts at once (arrays over [SM counts, workers]);
 beyond SIM_ROW_BLOCKS row-blocks the steady period of the second half of the simulated ones is
-extrapolated, which keeps a stage-time table over every SM count a few milliseconds.
+extrapolated, which keeps a stage-time table over every SM count a few milliseconds. The worker
+rotation takes tens of row-blocks to settle: from 16 row-blocks the extrapolation made bert's
+one-stage plan 4.7-6.2 ms (by SM count) where the whole replay gives 2.9-3.3 and the GPU's
+trace 3.1 (it matches the trace row-block by row-block); from 128 it stays within 10%.
 `stage_unit_time` times one hand-off unit through any stage (one step: its roofline; several:
 that schedule) for the pipeline estimate and the search's stage tables.
 """
@@ -28,7 +31,7 @@ from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time
 from kitsune_dse.hw.spec import HwSpec
 
-SIM_ROW_BLOCKS = 16
+SIM_ROW_BLOCKS = 128
 TEAMS_PER_SM = 2
 
 
@@ -61,6 +64,9 @@ def makespan(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: fl
     return hit.copy()
 
 
+_max_reduce = np.maximum.reduce     # (ndarray.max's Python wrapper is most of a call's cost here)
+
+
 def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: float) -> np.ndarray:
     K, R = len(shape.items), max(1, int(shape.row_blocks))
     Rs = min(R, SIM_ROW_BLOCKS)
@@ -81,22 +87,27 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
         has = i[0] < np.minimum(n, Wc)
         off = (np.arange(Rs)[:, None] * n) % workers[None, :]
         idx = base + np.where(has, (off[:, :, None] + i) % Wc, W)  # [Rs, n_s, items]
-        busy = (has * ((n - 1 - i[0]) // Wc + 1)) * tau[k][:, None]
-        steps.append((idx, busy, has))
+        # a padding entry ends at -inf: it never counts in the row-block's end (its scratch
+        # slot is never read for a real item)
+        busy = np.where(has, ((n - 1 - i[0]) // Wc + 1) * tau[k][:, None], -np.inf)
+        steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0))
+    zero = np.zeros((n_s, 1))
     for rb in range(Rs):
-        for k, (idx, busy, has) in enumerate(steps):
-            ready = np.zeros(n_s)
+        row = done[rb]
+        for k, (idx, busy, slots) in enumerate(steps):
             if k > 0:
-                ready = done[rb, k - 1] + sync_s
+                ready = row[k - 1][:, None] + sync_s
             elif rb >= look:
-                ready = done[rb - look, K - 1] + sync_s
-            slots = shape.slots[k]
-            if slots and k + 1 < K and rb >= slots:
-                ready = np.maximum(ready, done[rb - slots, k + 1] + sync_s)
+                ready = done[rb - look, K - 1][:, None] + sync_s
+            else:
+                ready = zero
+            if slots and rb >= slots:
+                ready = np.maximum(ready, done[rb - slots, k + 1][:, None] + sync_s)
             at = idx[rb]
-            end = np.maximum(free[at], ready[:, None]) + busy
+            end = np.maximum(free[at], ready)
+            end += busy
             free[at] = end
-            done[rb, k] = np.maximum.reduce(end, axis=1, initial=-np.inf, where=has)
+            row[k] = _max_reduce(end, axis=1)
     # the stage ends with its last item (a later row-block may finish before an earlier one)
     ends = np.maximum.accumulate(done.max(axis=1), axis=0)
     last = ends[Rs - 1]
