@@ -452,6 +452,12 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                 data["kernel_gap_s"] = sp.graph_launch_overhead_s + max(
                     0.0, eager["per_kernel_s"] - chain["per_kernel_s"])
                 data["calibration"]["kernel_chain_eager_fit"] = dict(eager)
+            if any(r.get("graphs_s") for r in raw["kernel_chain_rows"]):
+                # one-kernel graphs launched back to back (a plan's regions end to end): what a
+                # region boundary costs beyond a node gap inside one graph
+                graphs = fit_kernel_chain(raw["kernel_chain_rows"], key="graphs_s")
+                data["region_gap_s"] = max(0.0, graphs["per_kernel_s"] - chain["per_kernel_s"])
+                data["calibration"]["kernel_chain_graphs_fit"] = dict(graphs)
         data["name"] = name
         eff = dict(data["efficiency"])
         data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]

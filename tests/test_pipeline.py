@@ -428,3 +428,23 @@ def test_a_stage_fuses_gemms_on_one_input_as_the_runtime_does():
             "queues": [{"producer": 0, "consumer": 1, "tensors": ["inter"], "depth": 8, "mode": "row"}]}
     lay = layout_pipeline(LRegion(g, plan), plan)
     assert [st.stage for st in lay.steps].count(0) == 1 and lay.steps[0].items == 2 * 86
+
+
+def test_a_split_k_consumer_polls_once_per_runtime_slab():
+    # gpt3-mlp at 64 tokens, fc2's K = 49152 fed in 16 plan slabs: each plan unit of a tile
+    # covers 49152 / 16 = 3072 rows of K, i.e. 24 runtime slabs of 128 columns (one flag each)
+    from kitsune_dse.cost.pipeline import plan_stages, stage_works
+    from kitsune_dse.graph import load_model
+    g = load_model("gpt3-mlp", {"tokens": 64})
+    names = [o.name for o in g.ops]
+    cut = names.index("fc2")
+    choice = PipelineChoice((tuple(names[:cut]), tuple(names[cut:])), (66, 66), 64, (32,), ("split_k",))
+    r = Region.of(g)
+    plan = plan_stages(r, H100, choice)
+    works, _ = stage_works(r, H100, plan)
+    assert plan.slabs == 16
+    assert works[0][0].slab_polls == 0.0
+    assert works[1][0].slab_polls == pytest.approx(49152 / (128 * 16))
+    # the polls slow the consumer, never the producer
+    quiet = H100.model_copy(update={"sync_latency_s": 1e-12})
+    assert pipeline(r, H100, choice).latency_s >= pipeline(r, quiet, choice).latency_s

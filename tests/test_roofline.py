@@ -271,6 +271,12 @@ def test_persistent_gemm_step_by_hand():
                        tile_shape=(128, 128), split_k=4, persistent=True)
     assert kernel_time(slabs, sp, 99) == pytest.approx(
         math.ceil(4096 / 198) * 2 * (3e-6 / 4 + per_tile / 4), rel=1e-12)
+    # a split_k consumer waits for each runtime slab's flag: 6 polls of sync_latency_s per
+    # tile-slab, spread over the SM's two teams
+    polled = KernelWork("p", "fp16", tensor_flops=step.tensor_flops, tiles=4096, ctas_per_sm=2,
+                        tile_shape=(128, 128), split_k=4, persistent=True, slab_polls=6.0)
+    assert kernel_time(polled, sp, 99) == pytest.approx(
+        math.ceil(4096 / 198) * 2 * (3e-6 / 4 + per_tile / 4 + 6 * sp.sync_latency_s / 2), rel=1e-12)
     # 96 items keep 96 teams = 48 SMs streaming; the bytes come on top of the math
     few = KernelWork("f", "fp16", tensor_flops=96 * 1e6, dram_read_bytes=1e9, tiles=96,
                      ctas_per_sm=2, tile_shape=(128, 128), persistent=True)

@@ -122,6 +122,12 @@ def test_split_k_consumer_servers_by_hand():
     assert model.runtime_ksplit(96, 116, 49152, 128, 1 * 1 * 64 * 12288 * 4) == 6
     assert model.servers_for(1.0, 16 * 116 / (6 * 96), 16, 16) == 4
     assert model.servers_for(1.0, 1.2, 16, 16) == 1 and model.servers_for(1.0, 7.0, 4, 16) == 4
+    # a ratio halfway between two divisors goes to the fewer servers whatever the last bits of
+    # the unit time (property test: one SM more on the chip doubled a consumer's servers, 8 ->
+    # 16, through a unit time 1 ulp smaller)
+    for t in (3.0784269255490018e-06, 3.0784269255490013e-06, 1.0, 0.1, 7e-5):
+        assert model.servers_for(t, 12.0 * t, 16, 32) == 8
+        assert model.servers_for(t, 6.0 * t, 8, 8) == 4
 
 
 def _dense_schedule(shape, tau, workers, sync_s):

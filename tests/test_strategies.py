@@ -380,6 +380,21 @@ def test_a_graph_pays_its_launch_latency_once_and_back_to_back_regions_hide_it()
     assert b.latency_s == pytest.approx(a.latency_s + 3e-6, rel=1e-12)
     two = compose_sequential(g, sp, [(r.ops, b), (r.ops, b)])
     assert two.latency_s == pytest.approx(2 * b.latency_s - 3e-6, rel=1e-12)
+    # a region boundary costs region_gap_s (the next launch from the host): three regions
+    gap = sp.model_copy(update={"region_gap_s": 1.4e-6})
+    three = compose_sequential(g, gap, [(r.ops, b)] * 3)
+    assert three.latency_s == pytest.approx(3 * b.latency_s - 2 * (3e-6 - 1.4e-6), rel=1e-12)
+    assert gap.region_overlap_s == pytest.approx(1.6e-6)
+
+
+def test_the_committed_spec_prices_region_boundaries_from_the_graph_chains():
+    from kitsune_dse.hw import load_spec
+    sp = load_spec("h100-sxm.calibrated")
+    cal = sp.calibration.model_extra or {}
+    chain, graphs = cal.get("kernel_chain_fit"), cal.get("kernel_chain_graphs_fit")
+    assert chain and graphs
+    assert sp.region_gap_s == pytest.approx(graphs["per_kernel_s"] - chain["per_kernel_s"], rel=1e-9)
+    assert 0.0 < sp.region_gap_s < sp.launch_latency_cost_s
 
 
 # -- eager launches and the library baseline ------------------------------------------------------

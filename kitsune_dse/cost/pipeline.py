@@ -460,6 +460,11 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                               k_inf, bm, slabs, reread_info)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
                 work = replace(work, feed_sms=float(spec.sm_count))
+            if k_streamed and work.tile_shape:
+                # the runtime polls the slab flag before each slab of K it loads (SlabWait):
+                # K / (slabs x slab width) polls per tile of this unit
+                sk = _splitk_info(region, plan, j, atom, bm, rbs)
+                work = replace(work, slab_polls=sk["k"] / (sk["slab_w"] * plan.slabs))
             if w_pass:
                 read_terms.append((j, work))
             works.append(work)
@@ -548,6 +553,10 @@ def servers_for(t, single_t, cap: int, units: int):
     first unit leaves after its own latency, not after t."""
     t = np.asarray(t, dtype=float)
     ratio = np.asarray(single_t, dtype=float) / np.maximum(t, 1e-30)
+    # (rounded first: a ratio halfway between two divisors must not tip either way with the
+    # last bits of t, or one SM more on the chip could double a stage's servers; ties go to
+    # the fewer servers)
+    ratio = np.round(ratio, 9)
     divs = np.array([d for d in range(1, max(1, min(cap, units)) + 1) if units % d == 0], dtype=float)
     k = np.argmin(np.abs(ratio.reshape(-1, 1) - divs.reshape(1, -1)), axis=1)
     return divs[k].reshape(t.shape).astype(np.int64)

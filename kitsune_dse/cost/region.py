@@ -247,7 +247,7 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                               dram_read_bytes=dram_read + again, dram_write_bytes=dram_write,
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
-                              split_k=ks)
+                              split_k=ks, grid_reread_bytes=again)
         return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))
@@ -300,6 +300,7 @@ def is_fusible_reduction_owner(region: Region, group: tuple[str, ...]) -> bool:
 def compose_sequential(graph: Graph, spec: HwSpec, parts, **breakdown):
     """Regions run one after another; hand-offs between them are already priced by each region
     (see handed_over), so totals add up, except the launch latency of every region after the
-    first: it is launched while the one before runs (spec.launch_latency_s)."""
+    first: it is launched while the one before runs (spec.launch_latency_s); the boundary
+    itself costs spec.region_gap_s (the next launch from the host)."""
     from kitsune_dse.cost.estimate import sequential
-    return sequential([e for _, e in parts], spec.launch_latency_cost_s, **breakdown)
+    return sequential([e for _, e in parts], spec.region_overlap_s, **breakdown)

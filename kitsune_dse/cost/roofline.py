@@ -48,6 +48,10 @@ class KernelWork:
     row_inflight: float = 1.0      # a row-op step's loads in flight per lane over the runtime's most
                                    # (narrow rows keep fewer bytes in flight: a lower stream rate)
     weight_pass_bytes: float = 0.0
+    grid_reread_bytes: float = 0.0  # of dram_read_bytes: operand tiles later waves of this tile's
+                                   # grid read again (cost.gemm_l2; another tile re-reads differently)
+    slab_polls: float = 0.0        # split_k consumer: flag polls per tile (one per runtime slab of
+                                   # K it reads), each a flag round trip its team waits out
     feed_sms: float = 0.0          # SMs sharing the L2 operand feed when more than its own (the
                                    # other stages of a pipeline load their tiles at the same time)
     rbs: int = 1
@@ -249,7 +253,13 @@ def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
     if not _is_gemm(work):
         return spec.persistent_row_item_fixed_s if work.persistent and work.row_op else 0.0
     if work.persistent:    # a tile fed slab by slab (split_k queue) pays it once over its slabs
-        return spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128) / max(1, work.split_k)
+        # and, per runtime slab of K, a load of the slab's flag from L2 (about the one-way
+        # hand-off latency) that its whole team waits for; per SM-tile time: over the teams.
+        # Traced: gpt3 t64's split_k consumer took 346 us for its last K range (77 slabs) after
+        # the producer ended, 1.8x the same GEMM's time per K step without the waits
+        polls = work.slab_polls * spec.sync_latency_s / max(1, work.ctas_per_sm)
+        fixed = spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+        return fixed / max(1, work.split_k) + polls
     return spec.gemm_standalone_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
 
 

@@ -374,7 +374,10 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
             # consumers wait for it)
             tabs = [_share_table(variants[w.name], spec, hand[w.name]) for w in ws]
             t, split = split_sms(tabs, S)
-            dram = sum(w.dram_bytes for w in ws)
+            # the kernels share one DRAM: at least their bytes at the chip's bandwidth (without
+            # the re-reads of the tile each would pick on all SMs: on a share it may pick another;
+            # with them, one SM more could pick a tile that re-reads more and raise the floor)
+            dram = sum(w.dram_bytes - w.grid_reread_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))
             serial = (sum(alone(w) for w in ws)
                       + (len(ws) - 1) * (spec.graph_launch_overhead_s + spec.kernel_fixed_s))

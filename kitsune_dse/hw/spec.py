@@ -163,6 +163,11 @@ class HwSpec(_Strict):
                                                 # once per launched CUDA graph: from the launch to
                                                 # its first kernel running (calibrated: a chain of
                                                 # N tiny kernels takes a + N b; default 0)
+    region_gap_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # what a region boundary adds: the next region's
+                                                # launch from the host after the last one's, beyond
+                                                # a graph node's gap (calibrated: N one-kernel
+                                                # graphs back to back against one graph of N)
     sm_granularity: Annotated[int, Field(gt=0)] = 1  # green-context partition step
     efficiency: Efficiency = Efficiency()
     calibration: Calibration | None = None
@@ -224,6 +229,12 @@ class HwSpec(_Strict):
     @property
     def launch_latency_cost_s(self) -> float:
         return self.launch_latency_s or 0.0
+
+    @property
+    def region_overlap_s(self) -> float:
+        """What each region after the first hides of its own cost when regions run back to
+        back: its launch latency (launched while the last one runs), less the boundary's gap."""
+        return self.launch_latency_cost_s - self.region_gap_s
 
     @property
     def persistent_launch_cost_s(self) -> float:

@@ -279,7 +279,7 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
     return PipeModel(
         J=J, allowed=allowed, tab=tab, lat=lat, units=int(c.units), slabs=int(c.slabs),
         sync=_ns(spec.sync_latency_s), floor_at=at, floor=floor,
-        launch=_ns(spec.persistent_launch_cost_s - spec.launch_latency_cost_s),
+        launch=_ns(spec.persistent_launch_cost_s - spec.region_overlap_s),
         slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
         budget_kib=int(math.floor(c.queue_budget_bytes / BYTE_UNIT)), sm_count=S)
 
@@ -315,7 +315,7 @@ def model_items(cset: CandidateSet, step: int) -> list[Item]:
         else:
             # each region after the first hides its launch latency (compose_sequential): every
             # candidate costs its latency less that, the plan that once more (a constant)
-            items.append(Item(c, _ns(c.estimate.latency_s - cset.spec.launch_latency_cost_s), kib))
+            items.append(Item(c, _ns(c.estimate.latency_s - cset.spec.region_overlap_s), kib))
     return items
 
 
@@ -383,7 +383,7 @@ def make_result(cset, picks, objective, status, gap, t0, model_lat, model_kib, s
     chosen = retime(cset, picks)
     lat, dram = totals(cset, chosen)
     return SolverResult(status, gap, objective, chosen, lat, dram, time.perf_counter() - t0,
-                        model_latency_s=model_lat * TIME_UNIT_S + cset.spec.launch_latency_cost_s,
+                        model_latency_s=model_lat * TIME_UNIT_S + cset.spec.region_overlap_s,
                         model_dram_bytes=float(model_kib * BYTE_UNIT), source=source,
                         stats=dict(stats or {}))
 

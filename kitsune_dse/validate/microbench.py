@@ -203,14 +203,16 @@ def chain_variants(info, cases=TILESYNC_CHAINS):
         TilesyncVariant("tilesync", reg, t, info, groups, "tilesync")])
 
 
-# N tiny kernels one after another, as a CUDA graph and eagerly: T(N) = a + N b separates the
-# once-per-launch latency a from each kernel's marginal cost b (a lone event-timed kernel has both)
+# N tiny kernels one after another, as a CUDA graph, eagerly, and as N one-kernel graphs launched
+# back to back (a plan's regions end to end): T(N) = a + N b separates the once-per-launch
+# latency a from each kernel's (or region's) marginal cost b (a lone event-timed kernel has both)
 KERNEL_CHAINS = [("kernel chain", "fp16", "ewchain", (128, 1024, n)) for n in (1, 2, 4, 8, 16)]
 
 
 def kernel_chain_variants(info, cases=KERNEL_CHAINS):
-    """(case, region, Region, [graph, eager]) per chain length (build only)."""
+    """(case, region, Region, [graph, eager, graphs]) per chain length (build only)."""
     from kitsune_dse.validate.runtime import StandaloneVariant
     return _case_sets(info, cases, lambda reg, t, groups: [
         StandaloneVariant("graph", reg, t, info, groups, graph=True, prefix="mb"),
-        StandaloneVariant("eager", reg, t, info, groups, prefix="mb")])
+        StandaloneVariant("eager", reg, t, info, groups, prefix="mb"),
+        StandaloneVariant("graphs", reg, t, info, groups, prefix="mb", graph_per_kernel=True)])

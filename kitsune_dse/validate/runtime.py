@@ -220,10 +220,14 @@ class StandaloneVariant(Variant):
     """One kernel per group, eager or as a CUDA graph."""
 
     def __init__(self, name, reg, tensors, info, groups: list[Group], graph: bool = False,
-                 prefix: str | None = None, cublas_steps=None):
+                 prefix: str | None = None, cublas_steps=None, graph_per_kernel: bool = False):
         super().__init__(name, reg, tensors, info)
         self.groups = groups
-        self.graph_mode = graph
+        self.graph_mode = graph or graph_per_kernel
+        # each kernel its own CUDA graph, launched one after another from Python: what a plan
+        # of one-kernel regions does end to end (calibration of the cost of a region boundary)
+        self.graph_per_kernel = graph_per_kernel
+        self.graphs = None
         self.prefix = prefix or name.replace("-", "_")
         self.cublas_steps = cublas_steps
         self.graph = None
@@ -325,6 +329,19 @@ class StandaloneVariant(Variant):
         if not self.graph_mode:
             with stream:
                 self._launch_all()
+            return
+        if self.graph_per_kernel:
+            if self.graphs is None:
+                self.graphs = []
+                with stream:
+                    for call in self.calls:
+                        stream.begin_capture()
+                        try:
+                            self._issue(call)
+                        finally:
+                            self.graphs.append(stream.end_capture())
+            for g in self.graphs:
+                g.launch(stream)
             return
         if self.graph is None:
             with stream:
