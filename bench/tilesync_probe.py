@@ -2,7 +2,9 @@
 programmatic dependent launches, and under tilesync in plain stream order (flag waits only),
 each timed on cold L2 (a diagnostic of the tilesync model, issue 6).
 
-    device:  python3 bench/tilesync_probe.py PLAN.json [REGION] [--runs 30]
+    device:  python3 bench/tilesync_probe.py PLAN.json [REGION] [--kernels A:B] [--runs 30]
+
+--kernels A:B keeps the region's kernels A to B-1 (which hand-off of a chain costs what).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ def main() -> None:
     ap.add_argument("plan")
     ap.add_argument("region", nargs="?", type=int, default=0)
     ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--kernels", default="", help="A:B, a slice of the region's kernels")
     a = ap.parse_args()
     import cupy as cp
 
@@ -36,6 +39,10 @@ def main() -> None:
     plan = load_plan(a.plan)
     graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
     region = plan["regions"][a.region]
+    if a.kernels:
+        lo, hi = (int(x) if x else None for x in a.kernels.split(":"))
+        kernels = region["kernels"][lo:hi]
+        region = dict(region, kernels=kernels, ops=[o for k in kernels for o in k])
     info, _ = gpu_info()
     reg = Region(graph, region)
     tensors = Tensors(reg)
@@ -55,7 +62,7 @@ def main() -> None:
             chk.pop("_ref", None)
             t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
             rows.append((v.name, t.median_s * 1e6, t.p10_s * 1e6, t.p90_s * 1e6, chk["correct"]))
-    print(f"{a.plan} region {a.region} ({region['strategy']}, {len(groups)} kernels)")
+    print(f"{a.plan} region {a.region} {a.kernels} ({region['strategy']}, {len(groups)} kernels)")
     for name, med, p10, p90, ok in rows:
         print(f"  {name:16s} {med:9.1f} us  (p10 {p10:.1f}, p90 {p90:.1f}) {'ok' if ok else 'WRONG'}")
     print(json.dumps({n: round(m, 2) for n, m, *_ in rows}))
