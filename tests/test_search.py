@@ -317,6 +317,28 @@ def test_alternatives_are_distinct_and_ranked():
     # each alternative chooses another set of candidates, not the same ones on other SM counts
     sets = [frozenset(c.id for c in r.chosen) for r in [res, *alts]]
     assert len(set(sets)) == len(sets)
+    # and runs other kernels, not the same kernels cut into other regions
+    kernels = [r.kernel_key() for r in [res, *alts]]
+    assert len(set(kernels)) == len(kernels)
+
+
+def test_kernel_key_ignores_region_boundaries_and_sm_splits():
+    from kitsune_dse.search.solver import SolverResult
+    g = load_model("gpt3-mlp", {"tokens": 64})
+    cs = build_candidates(g, H100)
+    by = {(c.ops, c.strategy): c for c in cs.candidates if c.choice is None}
+    ops = tuple(o.name for o in g.ops)
+    whole = by.get((ops, "bsp"))
+    parts = [by.get((tuple(a), "bsp")) for a in (ops[:2], ops[2:])]     # fc1+gelu | fc2+residual
+    assert whole is not None and all(parts)
+
+    def res(chosen):
+        return SolverResult("OPTIMAL", 0.0, "latency", chosen, 0.0, 0.0, 0.0)
+    # one bsp region of four kernels or two regions of two: the same kernels
+    assert res([whole]).kernel_key() == res(parts).kernel_key()
+    assert res([whole]).plan_key() != res(parts).plan_key()
+    fused = by.get((ops, "fusion"))
+    assert fused is not None and res([fused]).kernel_key() != res([whole]).kernel_key()
 
 
 def test_plan_covers_every_op_once_in_order_and_beats_whole_model_strategies():
