@@ -180,7 +180,13 @@ def _plan_stages(region: Region, spec: HwSpec, c: PipelineChoice) -> StagePlan:
 
 def runtime_row_blocks(plan: StagePlan) -> int:
     """Row-blocks the persistent runtime walks (a plan tile of R rows runs as R / bm of them)."""
-    return max(1, math.ceil(plan.stream_rows / pipe_tile(plan.choice.tile_rows, plan.stream_rows)[0]))
+    return max(1, math.ceil(plan.stream_rows / runtime_block(plan)[0]))
+
+
+def runtime_block(plan: StagePlan) -> tuple[int, int]:
+    """The runtime's row-block (bm rows) and how many of them one plan unit holds."""
+    bm = pipe_tile(plan.choice.tile_rows, plan.stream_rows)[0]
+    return bm, max(1, min(plan.choice.tile_rows, plan.stream_rows) // bm)
 
 
 def _resident_weights(plan: StagePlan, budget: float) -> list[bool]:
@@ -390,8 +396,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
-    bm = pipe_tile(c.tile_rows, plan.stream_rows)[0]
-    rb_per_unit = max(1, min(c.tile_rows, plan.stream_rows) // bm)
+    bm, rb_per_unit = runtime_block(plan)
     for j, st in enumerate(c.stages):
         sub, atoms = subs[j], stage_atoms[j]
         # the stage's workers split over all its steps' items: row-blocks in flight at once
@@ -460,10 +465,10 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                               k_inf, bm, slabs, reread_info)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
                 work = replace(work, feed_sms=float(spec.sm_count))
-            if k_streamed and work.tile_shape:
+            sk = _splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None
+            if sk and work.tile_shape:
                 # the runtime polls the slab flag before each slab of K it loads (SlabWait):
                 # K / (slabs x slab width) polls per tile of this unit
-                sk = _splitk_info(region, plan, j, atom, bm, rbs)
                 work = replace(work, slab_polls=sk["k"] / (sk["slab_w"] * plan.slabs))
             if w_pass:
                 read_terms.append((j, work))
@@ -473,7 +478,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                               replace(_atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
                                                  1, bm, slabs, reread_info),
                                       feed_sms=work.feed_sms))
-                splitk.append(_splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None)
+                splitk.append(sk)
         if len(atoms) > 1:
             single.append(None)
             splitk.append(None)
@@ -529,8 +534,7 @@ def _atom_items(g, atom, bm: int, rbs: int) -> int:
 def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) -> StageShape:
     g = region.graph
     c = plan.choice
-    bm = pipe_tile(c.tile_rows, plan.stream_rows)[0]
-    rb_per_unit = max(1, min(c.tile_rows, plan.stream_rows) // bm)
+    bm, rb_per_unit = runtime_block(plan)
     rbs = max(1, math.ceil(plan.stream_rows / bm))
     items, slots = [], []
     for atom in atoms:
@@ -635,7 +639,7 @@ def _splitk_info(region: Region, plan: StagePlan, j: int, atom, bm: int, rbs: in
                       and g.op(o).inputs[0] == g.op(src).inputs[0]] if src else []
     slab_w = 64 if len(src_atom_gemms) == 2 else PIPE_TILE_COLS
     gd = gemms[0].info.gemm
-    rb_per_unit = max(1, min(c.tile_rows, plan.stream_rows) // bm)
+    rb_per_unit = runtime_block(plan)[1]
     nslots = min(c.depths[j - 1] * rb_per_unit, rbs)
     return {"n_tiles": _atom_items(g, atom, bm, rbs), "k": gd.k, "slab_w": slab_w,
             "ws_per_split": nslots * nb * bm * gd.n * 4, "slabs": plan.slabs,
