@@ -49,6 +49,11 @@ SUITE_SHAPES = [
     (16384, 3072, 768), (16384, 768, 3072),          # bert-base FFN (gpt3-mlp hidden 768)
 ]
 PIPE_SMS = (8, 16, 33, 66, 99, 132)
+# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 3 = worker
+# c of a stage is team c // ctas of CTA c % ctas, and K is split into ranges of 16 k-tiles or
+# more; 2 (session 7) K split only when the tiles fill at most half the SMs; 1 (session 7) the
+# old split; 0 before: the two teams of an SM were consecutive workers
+HARNESS_VERSION = 3
 PIPE_GEMM = (4096, 4096, 4096)
 PIPE_EW = (8192, 8192)
 
@@ -91,6 +96,8 @@ PIPE_DIAG = [
     ("gemm weight stream 64-row tiles", "matmul", (64, 49152, 12288), 132, True, 64),
     ("gemm weight stream 64-row tiles", "matmul", (64, 49152, 12288), 66, True, 64),
     ("gemm weight stream 64-row tiles", "matmul", (64, 12288, 49152), 132, True, 64),
+    ("gemm weight stream", "matmul", (64, 12288, 49152), 66, True),
+    ("gemm weight stream 64-row tiles", "matmul", (64, 12288, 49152), 66, True, 64),
     ("gemm 64-row tiles", "matmul", (4096, 4096, 4096), 132, True, 64),
     ("gemm 64-row tiles", "matmul", (4096, 4096, 4096), 33, True, 64),
     ("gemm weights beyond L2", "matmul", (2048, 6144, 12288), 132, True),
@@ -101,6 +108,22 @@ PIPE_DIAG = [
     ("gemm suite shape", "matmul", (16384, 3072, 768), 132, True),
     ("gemm suite shape", "matmul", (16384, 768, 3072), 66, True),
     ("gemm suite shape", "matmul", (2048, 1024, 1024), 132, True),
+    # fewer tiles than SMs: every tile alone on its SM (a team without its SM-mate), against
+    # the same tiles two per SM; short K on a quiet chip (the tile's fixed cost unloaded)
+    ("gemm lone tiles", "matmul", (1024, 1024, 4096), 132, True),
+    ("gemm lone tiles", "matmul", (1024, 1024, 4096), 32, True),
+    ("gemm lone tiles", "matmul", (2048, 1024, 2048), 132, True),
+    ("gemm quiet chip short K", "matmul", (1024, 1024, 256), 132, True),
+    ("gemm quiet chip short K", "matmul", (1024, 1024, 256), 16, True),
+    ("gemm quiet chip short K", "matmul", (16384, 1024, 256), 33, True),
+    ("gemm quiet chip short K", "matmul", (8192, 1024, 128), 16, True),
+    # dependent GEMMs in one stage, every row-block in flight (2048-row plan tiles): each step
+    # of a row-block waits for the step before it (the hand-off between a stage's steps)
+    ("gemm chain one stage", "chain", (2048, 1024, 1), 132, True, 2048),
+    ("gemm chain one stage", "chain", (2048, 1024, 3), 132, True, 2048),
+    ("gemm chain one stage", "chain", (2048, 1024, 5), 132, True, 2048),
+    ("gemm chain one stage", "chain", (2048, 512, 5), 132, True, 2048),
+    ("gemm chain one stage", "chain", (2048, 1024, 3), 66, True, 2048),
     # row ops (two passes over each row by a team's warps) as one-stage kernels
     ("row op", "layernorm", (4096, 4096), 4, True),
     ("row op", "layernorm", (4096, 4096), 16, True),
@@ -280,7 +303,7 @@ def device(out: Path, runs: int, smoke: str) -> None:
         print(f"[{time.time() - t0:6.1f} s] {msg}", flush=True)
 
     from kitsune_dse.validate.harness import env_summary
-    raw: dict = {"env": env_summary()}
+    raw: dict = {"env": env_summary(), "harness_version": HARNESS_VERSION}
     raw_path = out / "calibration.raw.json"
 
     def dump():
@@ -392,7 +415,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
 
     from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_persistent_gemm,
                                            fit_persistent_rows, fit_saturating, fit_standalone_gemm,
-                                           fit_tile_handoff, merge_raw)
+                                           fit_step_handoff, fit_tile_handoff, fit_tilesync_chains,
+                                           merge_raw)
     from kitsune_dse.hw import load_spec
     from kitsune_dse.hw.spec import spec_from_dict
     raws = [json.loads(p.read_text()) for p in raw_paths]
@@ -512,12 +536,20 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         if sp is harness and gemm_rows:
             pf = fit_persistent_gemm(spec_from_dict(data, name), gemm_rows)
             data["gemm_tile_fixed_s"] = pf["tile_fixed_s"]
+            data["gemm_tile_fixed_idle_s"] = pf["tile_fixed_idle_s"]
+            data["efficiency"]["persistent_lone_team"] = pf["persistent_lone_team"]
             data["persistent_gemm_sm_stream_Bps"] = pf["sm_stream_Bps"]
             data["persistent_gemm_l2_Bps"] = pf["operand_l2_Bps"]
             data["efficiency"]["persistent_tensor_core"] = pf["persistent_tensor_core"]
             data["efficiency"]["mem_compute_overlap"] = pf["mem_compute_overlap"]
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
+        chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
+                      and r.get("time_s")]
+        if sp is harness and chain_rows:
+            sf = fit_step_handoff(spec_from_dict(data, name), chain_rows)
+            data["step_handoff_s"] = sf["step_handoff_s"]
+            cal["step_handoff_fit"] = sf
         row_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "row op" and r.get("time_s")]
         if sp is harness and row_rows:
             rf = fit_persistent_rows(spec_from_dict(data, name), row_rows)
@@ -530,6 +562,11 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["tile_signal_s"], data["tile_wait_s"] = hf["tile_signal_s"], hf["tile_wait_s"]
             data["tilesync_fixed_s"] = hf["fixed_s"]
             cal["tile_handoff_fit"] = hf
+        chains = [r for r in raw.get("tilesync_chain_rows", []) if r.get("graph_s") and r.get("tilesync_s")]
+        if sp is harness and chains:
+            cf = fit_tilesync_chains(spec_from_dict(data, name), chains)
+            data["tilesync_handoff_s"] = cf["tilesync_handoff_s"]
+            cal["tilesync_chain_fit"] = cf
         data["calibration"] = cal
         new = spec_from_dict(data, name)
         out[name] = new

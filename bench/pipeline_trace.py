@@ -113,7 +113,7 @@ def _precompile(rows) -> None:
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", sm_count=132, arch="sm_90")
     srcs = [_variant(r, info)[2].build() for r in rows]
     out = ROOT / "bench/.cubin_cache"
-    out.mkdir(exist_ok=True)
+    out.mkdir(parents=True, exist_ok=True)
     with cf.ThreadPoolExecutor(8) as ex:
         for msg in ex.map(lambda s: compile_one(s, "sm_90", out), srcs):
             print(msg.splitlines()[0])
@@ -161,6 +161,7 @@ def run(out: Path, runs: int) -> None:
             print(f"{row['plan']} r{row['region']}: ERROR {e}", flush=True)
         finally:
             cp.get_default_memory_pool().free_all_blocks()
+    out.mkdir(parents=True, exist_ok=True)
     (out / "pipeline_trace.json").write_text(json.dumps(res, indent=1))
 
 

@@ -4,7 +4,8 @@ each timed on cold L2 (a diagnostic of the tilesync model, issue 6).
 
     device:  python3 bench/tilesync_probe.py PLAN.json [REGION] [--kernels A:B] [--runs 30]
 
---kernels A:B keeps the region's kernels A to B-1 (which hand-off of a chain costs what).
+--kernels A:B keeps the region's kernels A to B-1 (which hand-off of a chain costs what);
+--splits I=S runs kernel I of the slice with S ranges of K (does splitting K cost the hand-off?).
 """
 from __future__ import annotations
 
@@ -26,6 +27,8 @@ def main() -> None:
     ap.add_argument("region", nargs="?", type=int, default=0)
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--kernels", default="", help="A:B, a slice of the region's kernels")
+    ap.add_argument("--splits", action="append", default=[],
+                    help="I=S: run kernel I (of the slice) with S ranges of K (a GEMM's split-K)")
     a = ap.parse_args()
     import cupy as cp
 
@@ -47,6 +50,9 @@ def main() -> None:
     reg = Region(graph, region)
     tensors = Tensors(reg)
     groups = fusion_groups(reg)
+    for spec in a.splits:
+        i, n = (int(x) for x in spec.split("="))
+        groups[i].tile = dict(groups[i].tile or {}, splits=n)
     pdl = TilesyncVariant("tilesync", reg, tensors, info, groups, region["strategy"])
     plain = TilesyncVariant("tilesync-no-pdl", reg, tensors, info, groups, region["strategy"])
     plain.programmatic = False
@@ -62,7 +68,8 @@ def main() -> None:
             chk.pop("_ref", None)
             t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
             rows.append((v.name, t.median_s * 1e6, t.p10_s * 1e6, t.p90_s * 1e6, chk["correct"]))
-    print(f"{a.plan} region {a.region} {a.kernels} ({region['strategy']}, {len(groups)} kernels)")
+    print(f"{a.plan} region {a.region} {a.kernels} {' '.join(a.splits)} "
+          f"({region['strategy']}, {len(groups)} kernels)")
     for name, med, p10, p90, ok in rows:
         print(f"  {name:16s} {med:9.1f} us  (p10 {p10:.1f}, p90 {p90:.1f}) {'ok' if ok else 'WRONG'}")
     print(json.dumps({n: round(m, 2) for n, m, *_ in rows}))

@@ -246,7 +246,8 @@ def _atom_work(region: Region, atom, units, d_r, d_w, l2,
         dual = sum(1 for _, i in gemms if i.gemm == gd)
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
-                          l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True, **rr)
+                          l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
+                          gemm_n=gd.n, **rr)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     rows_ops = [o for o, i in zip(atom, infos) if i.op_class is OpClass.ROW_REDUCTION]
     inflight_frac = 1.0
@@ -464,12 +465,12 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             work = _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
                               k_inf, bm, slabs, reread_info)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
-                work = replace(work, feed_sms=float(spec.sm_count))
+                work = work.but(feed_sms=float(spec.sm_count))
             sk = _splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None
             if sk and work.tile_shape:
                 # the runtime polls the slab flag before each slab of K it loads (SlabWait):
                 # K / (slabs x slab width) polls per tile of this unit
-                work = replace(work, slab_polls=sk["k"] / (sk["slab_w"] * plan.slabs))
+                work = work.but(slab_polls=sk["k"] / (sk["slab_w"] * plan.slabs))
             if w_pass:
                 read_terms.append((j, work))
             works.append(work)
@@ -701,6 +702,12 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
                 continue
             f = units / max(1, w.inflight)
             whole = w.scaled(f, tiles=max(1, math.ceil(w.tiles * f)))
+            if w.split_k > 1:
+                # a step fed slab by slab: its slabs follow one another on each output tile, so
+                # the tiles of all units at once are its items (and the SMs that stream): gpt3
+                # t64's fc2 (96 tiles, 16 slabs) streams as a 96-tile GEMM (582 us alone on 132
+                # SMs), not as 1,536 tiles (512 us modelled)
+                whole = whole.but(tiles=max(1, math.ceil(whole.tiles / w.split_k)), split_k=1)
             lat = kernel_time(whole, spec, used)
             # its time on all the SMs (the stages share the DRAM and the L2 operand feed; the
             # math of a step scales with its SMs at best), never less than its bytes at the

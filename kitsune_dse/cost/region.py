@@ -10,7 +10,9 @@ kernel touches whether it crosses DRAM:
     together with the traffic of the kernels in between, else from L2;
   * every tensor a kernel writes reaches DRAM: L2 writes its dirty lines back even when the next
     kernel reads them from L2 (ncu on the suite's one-kernel-per-op and fused baselines: DRAM
-    writes = the bytes their kernels write, within 8%; dlrm-top-mlp's 4 MB activations included);
+    writes = the bytes their kernels write, within 8%), unless the distinct bytes of the
+    region's kernels from the writer on fit the usable L2: then nothing evicts them while the
+    region runs (dlrm-top-mlp's 27 MB: 7-10 MB measured, reads only, 30 MB with writes);
   * a tensor handed to another region is read there from L2 when it fits (handed_over);
   * a GEMM whose operands come from DRAM reads them again where later waves of its grid no
     longer find them in L2 (cost.gemm_l2.grid_reads).
@@ -19,7 +21,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
@@ -180,6 +182,15 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
     for b in touched:
         prefix.append(prefix[-1] + b)
     budget = spec.l2_usable_bytes
+    # distinct bytes the kernels from i on touch (a tensor once, however often it is read)
+    tail, seen, acc = [0.0] * len(rw), set(), 0.0
+    for i in range(len(rw) - 1, -1, -1):
+        for t in (*rw[i][0], *rw[i][1]):
+            if t not in seen:
+                seen.add(t)
+                acc += float(g.tensors[t].nbytes)
+        tail[i] = acc
+    outputs = {view_base(g, t) for t in region.outputs}
     last_touch: dict[str, int] = {}    # tensor -> last kernel index that wrote or read it
     works = []
     for i, (grp, (reads, writes)) in enumerate(zip(groups, rw)):
@@ -201,7 +212,11 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         d_w = 0.0
         for t, b in writes.items():
             last_touch[t] = i
-            d_w += b        # written back from L2 even when the next kernel finds it there
+            # written back from L2 even when the next kernel finds it there, unless it is the
+            # region's own intermediate and the distinct bytes from here on stay in L2 (nothing
+            # evicts its dirty lines while the region runs); the region's outputs always leave
+            if tail[i] > budget or view_base(g, t) in outputs:
+                d_w += b
         works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram))
     return works
 
@@ -222,6 +237,17 @@ def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_r
     return hit
 
 
+def grid_reread_bytes(gd, tile, split_k: int, elem_bytes: int, cold: str, spec: HwSpec) -> float:
+    """Operand bytes later waves of a one-pass GEMM grid with this CTA tile read from DRAM again
+    (cost.gemm_l2), for the operands ("a", "b") that start in DRAM."""
+    if not cold or gd.batch != 1 or split_k != 1:
+        return 0.0
+    ar, br = grid_reads(gd.m, gd.n, gd.k, tile[0], tile[1], elem_bytes, WAVE_CTAS,
+                        spec.l2_usable_bytes)
+    return (max(0.0, ar - gd.m * gd.k * elem_bytes) if "a" in cold else 0.0) + \
+        (max(0.0, br - gd.k * gd.n * elem_bytes) if "b" in cold else 0.0)
+
+
 def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
                 dram_write: float, l2_read: float, b_dram: float = 0.0, a_dram: float = 0.0) -> KernelWork:
     infos = [g.op(o).info for o in group]
@@ -234,20 +260,15 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
         dtype = g.tensors[g.op(o).inputs[0]].dtype
         gd = i.gemm
 
+        cold = ("a" if a_dram else "") + ("b" if b_dram else "")
+
         def make(tile, ks):
-            again = 0.0
-            if (b_dram or a_dram) and gd.batch == 1 and ks == 1:
-                # operand tiles later waves of the grid read again (cost.gemm_l2)
-                e = DTYPE_BYTES[dtype]
-                ar, br = grid_reads(gd.m, gd.n, gd.k, tile[0], tile[1], e, WAVE_CTAS,
-                                    spec.l2_usable_bytes)
-                again = (max(0.0, ar - gd.m * gd.k * e) if a_dram else 0.0) + \
-                        (max(0.0, br - gd.k * gd.n * e) if b_dram else 0.0)
+            again = grid_reread_bytes(gd, tile, ks, DTYPE_BYTES[dtype], cold, spec)
             return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,
                               dram_read_bytes=dram_read + again, dram_write_bytes=dram_write,
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
-                              split_k=ks, grid_reread_bytes=again)
+                              split_k=ks, grid_reread_bytes=again, cold_operands=cold, gemm_n=gd.n)
         return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))
@@ -275,13 +296,18 @@ def _kernel_variants(g: Graph, group: tuple[str, ...], spec: HwSpec, work: Kerne
     if spec.gemm_heuristic == "harness":      # its kernels have one tile and split each
         return [work]
     base_l2 = work.l2_bytes - split_k_partials_bytes(gd.batch, gd.m, gd.n, work.split_k)
+    base_read = work.dram_read_bytes - work.grid_reread_bytes
+    e = DTYPE_BYTES[work.dtype]
     out = []
     for tile in gemm_tile_options(spec):
         for ks in SPLIT_K:
             if ks > 1 and gd.k // ks < 256:
                 break
-            out.append(replace(work, tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks,
-                               tile_shape=tile, split_k=ks,
+            # the operand re-reads belong to the tile: a variant recomputes them
+            again = grid_reread_bytes(gd, tile, ks, e, work.cold_operands, spec)
+            out.append(work.but(tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks,
+                               tile_shape=tile, split_k=ks, dram_read_bytes=base_read + again,
+                               grid_reread_bytes=again,
                                l2_bytes=base_l2 + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks)))
     return out
 

@@ -13,7 +13,7 @@ a NumPy array of SM counts and return arrays, so cost tables over every SM count
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -50,6 +50,10 @@ class KernelWork:
     weight_pass_bytes: float = 0.0
     grid_reread_bytes: float = 0.0  # of dram_read_bytes: operand tiles later waves of this tile's
                                    # grid read again (cost.gemm_l2; another tile re-reads differently)
+    gemm_n: int = 0                # the GEMM's columns (its tiles compute whole tile widths: a
+                                   # product of N = 1 costs a full tile; 0: no padding)
+    cold_operands: str = ""        # GEMM operands ("a", "b", "ab") read from DRAM: a variant with
+                                   # another tile recomputes grid_reread_bytes from them
     slab_polls: float = 0.0        # split_k consumer: flag polls per tile (one per runtime slab of
                                    # K it reads), each a flag round trip its team waits out
     feed_sms: float = 0.0          # SMs sharing the L2 operand feed when more than its own (the
@@ -62,9 +66,18 @@ class KernelWork:
     def dram_bytes(self) -> float:
         return self.dram_read_bytes + self.dram_write_bytes
 
+    def but(self, **fields) -> "KernelWork":
+        """dataclasses.replace without its per-call introspection (the search copies works
+        ~10^4 times per model); the fields are this class's own, no validation runs."""
+        new = object.__new__(KernelWork)
+        d = new.__dict__
+        d.update(self.__dict__)
+        d.update(fields)
+        return new
+
     def scaled(self, f: float, tiles: int | None = None) -> "KernelWork":
         """The same kernel on a fraction f of its data (one row-block of a pipeline stage)."""
-        return replace(self, tensor_flops=self.tensor_flops * f, simt_flops=self.simt_flops * f,
+        return self.but(tensor_flops=self.tensor_flops * f, simt_flops=self.simt_flops * f,
                        dram_read_bytes=self.dram_read_bytes * f,
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
@@ -94,15 +107,15 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     cps = max(1, work.ctas_per_sm)
     tiles = max(1, work.tiles)
     waves = np.ceil(tiles / (s * cps))
-    per_sm = busiest_sm_tiles(work, s)
+    per_sm = busiest_sm_tiles(work, s, lone_share(work, spec))
     per_tile = 0.0
     if work.tensor_flops:
-        per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
+        per_tile += work.tensor_flops * _column_padding(work) / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
-    per_tile += _tile_fixed(work, spec)
-    compute = per_sm * per_tile
     used = _sms_streaming(work, s)
+    per_tile = per_tile + _tile_fixed(work, spec, used)
+    compute = per_sm * per_tile
     feed = per_sm * _operand_feed_s(work, spec) * np.maximum(used, work.feed_sms)
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
@@ -124,16 +137,33 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     return lat
 
 
-def busiest_sm_tiles(work: KernelWork, s):
-    """Tiles the busiest SM runs. A standalone grid: the block scheduler spreads CTAs over
-    distinct SMs first, ceil(tiles / s). A persistent step: its items go round robin to
-    ctas_per_sm workers (teams) per SM, each running ceil(tiles / (s * teams)) of them at its
-    share of the SM (measured: 1024 tiles on 99 SMs take 12 tile times, not 11)."""
+def busiest_sm_tiles(work: KernelWork, s, lone: float = 0.5):
+    """Tile times the busiest SM spends, a tile time being the SM's time per tile when its
+    teams are all busy. A standalone grid: the block scheduler spreads CTAs over distinct SMs
+    first, ceil(tiles / s). A persistent step: items go round robin to the workers, worker c
+    on SM c mod s (validate: consecutive workers on distinct SMs), so the busiest SM gets
+    k = ceil(tiles / s) items; its ctas_per_sm teams run them side by side, c tile times per
+    round of c, and a last item alone takes 1 / lone tile times (lone: its share of the SM's
+    rate alone, 0.5 for no faster than beside another team)."""
     tiles = max(1, work.tiles)
-    if work.persistent:
-        cps = max(1, work.ctas_per_sm)
-        return np.ceil(tiles / (np.asarray(s, dtype=float) * cps)) * cps
-    return np.ceil(tiles / np.asarray(s, dtype=float))
+    cps = max(1, work.ctas_per_sm) if work.persistent else 1
+    if np.ndim(s) == 0:     # the search's scalar calls: no NumPy dispatch
+        k = math.ceil(tiles / max(float(s), 1e-9))
+        if cps == 1:
+            return float(k)
+        left = k % cps
+        return float(k - left) + (max(left, 1.0 / lone) if left else 0.0)
+    k = np.ceil(tiles / np.asarray(s, dtype=float))
+    if cps == 1:
+        return k
+    left = np.mod(k, cps)
+    return (k - left) + np.where(left > 0, np.maximum(left, 1.0 / lone), 0.0)
+
+
+def lone_share(work: KernelWork, spec: HwSpec) -> float:
+    """A persistent item's share of its SM's rate when the SM's other team is idle (GEMM steps,
+    calibrated; other steps are bound by their loads, which a lone team halves)."""
+    return spec.efficiency.persistent_lone_team if work.persistent and _is_gemm(work) else 0.5
 
 
 def weight_reread_bytes(work: KernelWork, s):
@@ -187,12 +217,12 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     tiles = max(1, work.tiles)
     per_tile = 0.0
     if work.tensor_flops:
-        per_tile += work.tensor_flops / tiles / _tensor_rate(work, spec)
+        per_tile += work.tensor_flops * _column_padding(work) / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
-    busiest = float(busiest_sm_tiles(work, s))
-    compute = busiest * (per_tile + _tile_fixed(work, spec))
+    busiest = float(busiest_sm_tiles(work, s, lone_share(work, spec)))
     used = max(float(_sms_streaming(work, s)), 1e-9)
+    compute = busiest * (per_tile + _tile_fixed(work, spec, used))
     feed = busiest * _operand_feed_s(work, spec) * max(used, work.feed_sms)
     e = spec.efficiency
     p = e.hbm_saturation_exponent
@@ -237,16 +267,25 @@ def _operand_feed_s(work: KernelWork, spec: HwSpec) -> float:
     if not (work.persistent and _is_gemm(work) and spec.persistent_gemm_l2_Bps):
         return 0.0
     bm, bn = work.tile_shape
-    tile_bytes = (work.tensor_flops / max(1, work.tiles)) * (1.0 / bm + 1.0 / bn) * 0.5 \
+    tile_bytes = (work.tensor_flops * _column_padding(work) / max(1, work.tiles)) * (1.0 / bm + 1.0 / bn) * 0.5 \
         * DTYPE_BYTES.get(work.dtype, 2)
     return tile_bytes / spec.persistent_gemm_l2_Bps
+
+
+def _column_padding(work: KernelWork) -> float:
+    """Math a GEMM's tiles do per useful FLOP: a tile computes its whole width (dlrm's last
+    layer, N = 1, and NeRF's rgb head, N = 3, cost a full 128-column tile per row-block)."""
+    if not (work.gemm_n and work.tile_shape):
+        return 1.0
+    bn = work.tile_shape[1]
+    return -(-work.gemm_n // bn) * bn / work.gemm_n
 
 
 def _is_gemm(work: KernelWork) -> bool:
     return bool(work.tensor_flops and work.tile_shape)
 
 
-def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
+def _tile_fixed(work: KernelWork, spec: HwSpec, used=None):
     """A GEMM tile's fixed cost on its SM (prologue, epilogue, hand-offs), per 128x128 of area;
     persistent steps and standalone kernels are calibrated apart (a standalone kernel's two
     CTAs per SM hide much of it under each other's main loop)."""
@@ -258,9 +297,24 @@ def _tile_fixed(work: KernelWork, spec: HwSpec) -> float:
         # Traced: gpt3 t64's split_k consumer took 346 us for its last K range (77 slabs) after
         # the producer ended, 1.8x the same GEMM's time per K step without the waits
         polls = work.slab_polls * spec.sync_latency_s / max(1, work.ctas_per_sm)
-        fixed = spec.gemm_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+        fixed = _loaded_tile_fixed(work, spec, used) * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
         return fixed / max(1, work.split_k) + polls
     return spec.gemm_standalone_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+
+
+def _loaded_tile_fixed(work: KernelWork, spec: HwSpec, used):
+    """A persistent tile's fixed cost (its first operand slabs in, its output out: latencies
+    that grow with the traffic of the SMs loading at once), between the quiet chip's and the
+    full chip's by the share of the chip's SMs in use (the stage's own, or every pipeline
+    stage's: feed_sms). Traced: attention's one-stage plan, a few SMs busy at a time, ran its
+    K=128 and K=1024 tiles about 2.7 us above their math against 4.75 on a full chip."""
+    full = spec.gemm_tile_fixed_s
+    idle = spec.gemm_tile_fixed_idle_s
+    if idle is None or used is None:
+        return full
+    share = np.minimum(1.0, np.maximum(used, work.feed_sms) / spec.sm_count)
+    out = idle + (full - idle) * share
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def _ramp(work: KernelWork, spec: HwSpec) -> float:
@@ -299,12 +353,12 @@ HARNESS_GEMM_BK = 64
 
 def harness_gemm_choice(m: int, n: int, k: int, sm_count: int) -> tuple[tuple[int, int], int]:
     """(tile, split-K) the harness runs a GEMM of m rows (all batches) with: 128x128 tiles (64 rows
-    for M <= 64), and K split when the tiles fill less than the GPU."""
+    for M <= 64), and K split when the tiles fill less than the GPU, into ranges of 1024 or more."""
     bm, bn = (64 if m <= 64 else 128), 128
     tiles = -(-m // bm) * -(-n // bn)
     splits = 1
     if tiles < sm_count:
-        splits = max(1, min(-(-2 * sm_count // tiles), -(-k // HARNESS_GEMM_BK) // 8, 16))
+        splits = max(1, min(-(-2 * sm_count // tiles), -(-k // HARNESS_GEMM_BK) // 16, 16))
     return (bm, bn), splits
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from kitsune_dse.cost.memo import table
-from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time
+from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, kernel_time, lone_share
 from kitsune_dse.hw.spec import HwSpec
 
 SIM_ROW_BLOCKS = 128
@@ -49,26 +49,34 @@ _CACHE: dict = {}
 _CACHE_MAX = 4096
 
 
-def makespan(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: float) -> np.ndarray:
+def makespan(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: float,
+             step_sync_s: tuple[float, ...] | None = None) -> np.ndarray:
     """Time the stage takes for all its row-blocks alone (inputs ready, outputs drained at
-    once), for each worker count. tau: [steps, len(workers)] seconds per item of each step.
-    The search asks for the same stage under many cuts: results are memoised."""
+    once), for each worker count. tau: [steps, len(workers)] seconds per item of each step
+    beside the SM's other team busy, optionally followed by the same rows for an item whose
+    SM's other team is idle (default: the same time). The search asks for the same stage
+    under many cuts: results are memoised. step_sync_s: per step, the wait from the step
+    before it finishing a row-block to its own items starting on it (default sync_s)."""
     workers = np.asarray(workers, dtype=np.int64).reshape(-1)
-    tau = np.asarray(tau, dtype=float).reshape(len(shape.items), -1)
-    key = (shape, tau.tobytes(), workers.tobytes(), float(sync_s))
+    tau = np.asarray(tau, dtype=float).reshape(-1, workers.size)
+    key = (shape, tau.tobytes(), workers.tobytes(), float(sync_s), step_sync_s)
     hit = _CACHE.get(key)
     if hit is None:
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
-        hit = _CACHE[key] = _simulate(shape, tau, workers, sync_s)
+        hit = _CACHE[key] = _simulate(shape, tau, workers, sync_s, step_sync_s)
     return hit.copy()
 
 
 _max_reduce = np.maximum.reduce     # (ndarray.max's Python wrapper is most of a call's cost here)
 
 
-def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: float) -> np.ndarray:
+def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: float,
+              step_sync_s: tuple[float, ...] | None = None) -> np.ndarray:
     K, R = len(shape.items), max(1, int(shape.row_blocks))
+    step_sync = step_sync_s or (sync_s,) * K
+    if tau.shape[0] == K:       # no lone times: the same
+        tau = np.vstack([tau, tau])
     Rs = min(R, SIM_ROW_BLOCKS)
     n_s, W = len(workers), int(workers.max())
     Wc = workers[:, None]
@@ -89,14 +97,25 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
         idx = base + np.where(has, (off[:, :, None] + i) % Wc, W)  # [Rs, n_s, items]
         # a padding entry ends at -inf: it never counts in the row-block's end (its scratch
         # slot is never read for a real item)
-        busy = np.where(has, ((n - 1 - i[0]) // Wc + 1) * tau[k][:, None], -np.inf)
-        steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0))
+        m = (n - 1 - i[0]) // Wc + 1                                 # items per worker
+        busy = np.where(has, m * tau[k][:, None], -np.inf)
+        alone = None
+        if not np.array_equal(tau[k], tau[K + k]) and \
+                bool(np.any(has & ~(((i[0] + Wc // 2) % Wc) < np.minimum(n, Wc)) & (m == 1))):
+            # worker c's SM-mate is c + w/2 (mod w): an item runs alone when the mate has no
+            # item of the same (rb, k) and is free when it starts
+            half = Wc // 2
+            pidx = base + (((off[:, :, None] + i) % Wc + half) % Wc)
+            mate_here = ((i[0] + half) % Wc) < np.minimum(n, Wc)        # [n_s, items]
+            lone = np.where(has, np.where(m == 1, tau[K + k][:, None], busy), -np.inf)
+            alone = (pidx, mate_here, lone)
+        steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0, alone))
     zero = np.zeros((n_s, 1))
     for rb in range(Rs):
         row = done[rb]
-        for k, (idx, busy, slots) in enumerate(steps):
+        for k, (idx, busy, slots, alone) in enumerate(steps):
             if k > 0:
-                ready = row[k - 1][:, None] + sync_s
+                ready = row[k - 1][:, None] + step_sync[k]
             elif rb >= look:
                 ready = done[rb - look, K - 1][:, None] + sync_s
             else:
@@ -105,7 +124,12 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
                 ready = np.maximum(ready, done[rb - slots, k + 1][:, None] + sync_s)
             at = idx[rb]
             end = np.maximum(free[at], ready)
-            end += busy
+            if alone is None:
+                end += busy
+            else:
+                pidx, mate_here, lone = alone
+                paired = mate_here | (free[pidx[rb]] > end)
+                end += np.where(paired, busy, lone)
             free[at] = end
             row[k] = _max_reduce(end, axis=1)
     # the stage ends with its last item (a later row-block may finish before an earlier one)
@@ -117,7 +141,7 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
     # than the row-block's items spread over every worker (when fewer row-blocks are simulated
     # than the workers hold at once, the simulated ones all run side by side)
     half = Rs // 2
-    work = (np.asarray(shape.items, float)[:, None] * tau).sum(axis=0) / workers
+    work = (np.asarray(shape.items, float)[:, None] * tau[:K]).sum(axis=0) / workers
     period = np.maximum((last - ends[half - 1]) / (Rs - half), work)
     return last + (R - Rs) * period
 
@@ -142,7 +166,8 @@ def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShap
 def _stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None):
     if shape is None or len(works) == 1:
         return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
-                + (len(works) - 1) * spec.sync_latency_s)
+                + sum(spec.step_handoff_cost_s if w.tile_shape else spec.sync_latency_s
+                      for w in works[1:]))
     s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
     top, log_grid, log_span, units, U, whole = _schedule(works, spec, shape)
     span = np.exp(np.interp(np.log(np.minimum(s, top)), log_grid, log_span))
@@ -163,14 +188,22 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
     # the schedule is replayed at a fixed grid of SM counts (every SM_GRID_STEP and the chip's
     # total) and interpolated log-log in between, so a table and a single SM count agree
     grid = sim_grid(spec.sm_count)
-    tau = []
+    tau, lone = [], []
     for w, n in zip(works, shape.items):
         # one runtime row-block of the step on the stage's SMs: rounds of one item per SM; a
-        # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM
+        # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM, or alone
+        # on it at lone_share of its rate
         rb = w.scaled(1.0 / shape.rb_per_unit, tiles=n)
-        tau.append(TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid))
-    span = makespan(shape, np.vstack(tau), TEAMS_PER_SM * grid.astype(np.int64),
-                    spec.sync_latency_s)
+        a = lone_share(rb, spec)
+        t = TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid, a)
+        tau.append(t)
+        lone.append(t / (TEAMS_PER_SM * a))
+    # a GEMM step starts on a row-block a hand-off after the step before it finished it (flag,
+    # then the first operand slabs of a just-written ring); a row or elementwise step, a flag
+    step_sync = tuple(spec.step_handoff_cost_s if w.tile_shape else spec.sync_latency_s
+                      for w in works)
+    span = makespan(shape, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
+                    spec.sync_latency_s, step_sync)
     units = shape.row_blocks / shape.rb_per_unit
     # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
     # bandwidth of all the row-blocks in flight)

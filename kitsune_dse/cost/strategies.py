@@ -277,6 +277,8 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
         # a fixed set of monotone costs keeps the estimate monotone in the hardware); every
         # tile pays its hand-offs (a flag check before, a count after)
         variants = kernel_variants(region, groups[i], spec, w)
+        if not last:
+            total += spec.tilesync_handoff_s
         if not last and _streams_from(region, groups[i], groups[i + 1]):
             cost = min(min(_fluid_time(v, spec, S) + spec.sync_latency_s,
                            kernel_time(v, spec, S) + gap) + _handoff_s(v, spec, S, *hand[i])

@@ -80,14 +80,18 @@ class Efficiency(_Strict):
     gemm_hbm: Frac | None = None  # standalone GEMM kernels' operand streaming over datasheet HBM
                                   # bandwidth (None: hbm; the tile's loads may not saturate DRAM)
     persistent_gemm_hbm: Frac | None = None  # the same for persistent GEMM steps (None: hbm)
+    persistent_lone_team: Annotated[float, Field(ge=0.5, le=1)] = 0.5  # a persistent GEMM tile
+                                  # alone on its SM: its share of the SM's two-team rate (0.5:
+                                  # no faster than beside the other team)
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm"}
+                   "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
+                   "persistent_lone_team"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
-                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm"}
+                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team"}
 
 
 class Calibration(BaseModel):
@@ -120,6 +124,10 @@ class HwSpec(_Strict):
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
     gemm_tile_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+    gemm_tile_fixed_idle_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # the same on a quiet chip (few SMs loading):
+                                                # interpolated by the share of SMs in use
+                                                # (default gemm_tile_fixed_s at any load)
     persistent_gemm_sm_stream_Bps: Pos | None = None  # DRAM operand bytes one SM's persistent
                                                 # GEMM tiles stream per second (latency-bound
                                                 # cp.async loads; default hbm_per_sm_bandwidth_Bps)
@@ -139,6 +147,16 @@ class HwSpec(_Strict):
                                                 # before it starts (default sync_latency_s)
     tilesync_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # per tilesync/concurrent region: resetting its flags
+    step_handoff_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # a persistent stage's dependent steps: from a
+                                                # row-block's last item of one step to the next
+                                                # step's items starting on it (ring publish, flag
+                                                # poll, first loads; default sync_latency_s)
+    tilesync_handoff_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # per tilesync hand-off between kernels beyond
+                                                # the per-tile flags: the consumer launched early
+                                                # waits resident beside its producer (calibrated
+                                                # on chains of GEMMs)
                                                 # persistent GEMM steps: per 128x128 output tile on
                                                 # one SM (prologue, epilogue, hand-offs; calibrated)
     kernel_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
@@ -200,6 +218,10 @@ class HwSpec(_Strict):
     @property
     def tile_signal_cost_s(self) -> float:
         return self.sync_latency_s if self.tile_signal_s is None else self.tile_signal_s
+
+    @property
+    def step_handoff_cost_s(self) -> float:
+        return self.sync_latency_s if self.step_handoff_s is None else self.step_handoff_s
 
     @property
     def tile_wait_cost_s(self) -> float:

@@ -56,7 +56,9 @@ The persistent pipeline kernel (codegen.pipeline_source)
   run the host checks that all CTAs ran on distinct SMs and that stages are disjoint.
   Teams: a CTA has two teams of 256 threads (8 warps), each with its own named barrier and half
   of the shared memory; a team is one worker. (Two tiles in flight per SM match what two CTAs per
-  SM give the standalone kernels; measured in NOTES.md.)
+  SM give the standalone kernels; measured in NOTES.md.) Worker c of a stage of C CTAs is team
+  c // C of its CTA c % C: consecutive workers sit on distinct SMs, so a stage with fewer items
+  than SMs runs each alone on its SM (the teams of one SM are workers c and c + C).
   Streaming: tensors stream by row-blocks of BM rows (tile.rows: 64 or 128). A step (a fusion
   group placed on a stage) has work items per row-block: GEMM column tiles (x K ranges, below),
   elementwise column chunks, or row groups. Worker c of a stage of S workers takes the items w of

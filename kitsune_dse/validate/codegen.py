@@ -218,7 +218,9 @@ class Launch:
 
 def choose_gemm_tile(grp: Group, sm_count: int) -> dict:
     """Tile of a standalone GEMM: 128x128, BK 64 x 3 stages (dual products: BK 32 x 4; 64 rows
-    for M <= 64); split K when the tiles fill less than the GPU. grp.tile overrides any field."""
+    for M <= 64); split K when the tiles fill less than the GPU, into ranges of at least 16 k-tiles
+    (1024 of K: dlrm's 2048 x 1024 x 1024 in two ranges of 512 took 9 us more than unsplit, its
+    partial sums costing more than the halved K loop saves; NOTES.md). grp.tile overrides any field."""
     t = dict(grp.tile or {})
     bm = t.get("bm", 64 if grp.rows <= 64 else 128)
     bn = t.get("bn", 128)
@@ -228,7 +230,7 @@ def choose_gemm_tile(grp: Group, sm_count: int) -> dict:
     ktiles = -(-grp.k // bk)
     splits = 1
     if tiles < sm_count:
-        splits = max(1, min(-(-2 * sm_count // tiles), ktiles // 8, 16))
+        splits = max(1, min(-(-2 * sm_count // tiles), ktiles // 16, 16))
     splits = t.get("splits", splits)
     return {"bm": bm, "bn": bn, "bk": bk, "stages": stages, "splits": splits}
 
@@ -576,7 +578,9 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
          "    const int b = blockIdx.x;"]
     for j, stage in enumerate(layout.stages):
         cond = "if" if j == 0 else "else if"
-        k.append(f"    {cond} (b < {stage.first_cta + stage.ctas}) stage_{stage.sid}((b - {stage.first_cta}) * {T} + team, "
+        # worker c = team * ctas + CTA: consecutive items go to distinct SMs (a lone team gets its
+        # SM's tensor cores), the two teams of an SM are workers c and c + ctas
+        k.append(f"    {cond} (b < {stage.first_cta + stage.ctas}) stage_{stage.sid}(team * {stage.ctas} + (b - {stage.first_cta}), "
                  f"bufs, ctrl, tmo, tsmem, tm, who);")
     k += ["    if (tm.tid == 0) {   // this worker's span (host: per-stage end times)",
           f"        u64* ts = reinterpret_cast<u64*>(ctrl + {layout.time_off}) + 2 * who;",
