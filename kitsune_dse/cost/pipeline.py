@@ -545,7 +545,7 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
         slot_bytes = bm * cols * DTYPE_BYTES[out.dtype]
         slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
     look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
-    return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit)
+    return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit, max(1, plan.slabs))
 
 
 def servers_for(t, single_t, cap: int, units: int):

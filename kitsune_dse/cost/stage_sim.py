@@ -43,6 +43,7 @@ class StageShape:
     lookahead: int                # row-blocks the stage's rings let it run ahead of its oldest
     slots: tuple[int, ...]        # per step: row-blocks its output ring to the next step holds
     rb_per_unit: int = 1          # runtime row-blocks per hand-off unit of the plan
+    slabs: int = 1                # hand-off units per row-block when it is handed over in slabs
 
 
 _CACHE: dict = {}
@@ -193,7 +194,7 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
         # one runtime row-block of the step on the stage's SMs: rounds of one item per SM; a
         # worker (one of TEAMS_PER_SM teams) runs its items at its share of the SM, or alone
         # on it at lone_share of its rate
-        rb = w.scaled(1.0 / shape.rb_per_unit, tiles=n)
+        rb = w.scaled(shape.slabs / shape.rb_per_unit, tiles=n)
         a = lone_share(rb, spec)
         t = TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid, a)
         tau.append(t)
@@ -204,7 +205,7 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
                       for w in works)
     span = makespan(shape, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
                     spec.sync_latency_s, step_sync)
-    units = shape.row_blocks / shape.rb_per_unit
+    units = shape.row_blocks * shape.slabs / shape.rb_per_unit     # hand-off units (slabs)
     # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
     # bandwidth of all the row-blocks in flight)
     U = max(1, round(units))
