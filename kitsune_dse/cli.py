@@ -170,11 +170,11 @@ def main(argv: Optional[list[str]] = None) -> int:
         print("aborted", file=sys.stderr)
         return 1
     except Exception as e:  # click usage errors carry their own exit codes
-        import click
-        if isinstance(e, click.exceptions.ClickException):
+        usage, exits = _click_exceptions()
+        if isinstance(e, usage):
             e.show()
             return 2
-        if isinstance(e, click.exceptions.Exit):
+        if isinstance(e, exits):
             return e.exit_code
         if debug:
             raise
@@ -182,6 +182,21 @@ def main(argv: Optional[list[str]] = None) -> int:
               file=sys.stderr)
         return 1
     return 0
+
+
+def _click_exceptions() -> tuple[tuple[type, ...], tuple[type, ...]]:
+    """(usage-error classes, exit classes) of the click typer runs on: the click package, or
+    the copy newer typer releases carry as typer._click (without the click package)."""
+    import importlib
+    usage, exits = [], [typer.Exit]
+    for name in ("typer._click.exceptions", "click.exceptions"):
+        try:
+            mod = importlib.import_module(name)
+        except ImportError:
+            continue
+        usage += [c for c in (getattr(mod, "ClickException", None),) if c]
+        exits += [c for c in (getattr(mod, "Exit", None),) if c]
+    return tuple(usage), tuple(exits)
 
 
 if __name__ == "__main__":

@@ -244,3 +244,11 @@ def test_debug_state_does_not_leak_into_the_next_call(cli):
     with pytest.raises(KitsuneError):
         cli(["--debug", "hw", "show", "h100-sx"])
     assert_one_line_error(cli(["hw", "show", "h100-sx"]), "h100-sx")
+
+
+def test_an_unknown_option_is_a_usage_error_not_a_crash(cli):
+    # typer >= 0.16 carries its own click (typer._click) and the click package may be absent:
+    # the usage error must still come back as click's message and exit code 2
+    r = cli(["explore", "gpt3-mlp", "--hw", "h100-sxm", "--no-such-option", "1"])
+    assert r.rc == 2
+    assert "No such option" in r.err and "Traceback" not in r.err
