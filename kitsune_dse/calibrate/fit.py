@@ -149,14 +149,16 @@ def check_finite(m: dict) -> None:
 
 
 def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16", rows: int = 128) -> float:
-    """The model's time of a one-stage persistent pipeline kernel of one microbenchmark op
-    (validate.microbench.case_model: a GEMM (m, n, k) or a row op (rows, cols)) on `sms` SMs,
-    `rows`-row blocks, as the explorer prices a pipeline stage."""
+    """The model's time of a one-stage persistent pipeline kernel of a microbenchmark case
+    (validate.microbench.case_model: a GEMM (m, n, k), a row op (rows, cols), a chain of GEMMs
+    (rows, width, layers): its ops the stage's steps) on `sms` SMs, `rows`-row blocks, as the
+    explorer prices a pipeline stage."""
     from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
     from kitsune_dse.cost.region import Region
     from kitsune_dse.validate.microbench import case_model
     g, _ = case_model(kind, dtype, tuple(dims))
-    return pipeline(Region.of(g), spec, PipelineChoice(((g.ops[0].name,),), (sms,), rows)).latency_s
+    ops = tuple(o.name for o in g.ops)
+    return pipeline(Region.of(g), spec, PipelineChoice((ops,), (sms,), rows)).latency_s
 
 
 def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16",
@@ -334,19 +336,11 @@ def fit_step_handoff(spec: HwSpec, rows: list[dict]) -> dict:
     through the pipeline model, by bounded least squares on the relative error."""
     from scipy.optimize import minimize_scalar
 
-    from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
-    from kitsune_dse.cost.region import Region as CRegion
-    from kitsune_dse.validate.microbench import case_model
-    cases = []
-    for r in rows:
-        g, _ = case_model(r.get("kind", "chain"), "fp16", tuple(r["dims"]))
-        ops = tuple(o.name for o in g.ops)
-        cases.append((CRegion.of(g), PipelineChoice((ops,), (r["sms"],), r.get("tile_rows", 128)),
-                      r["time_s"]))
-
     def rel(x: float) -> np.ndarray:
         sp = spec.model_copy(update={"step_handoff_s": x * 1e-6})
-        return np.array([pipeline(reg, sp, ch).latency_s / t - 1 for reg, ch, t in cases])
+        return np.array([one_stage_time(sp, r.get("kind", "chain"), r["dims"], r["sms"],
+                                        rows=r.get("tile_rows", 128)) / r["time_s"] - 1
+                         for r in rows])
     best = minimize_scalar(lambda x: float(np.sum(rel(x) ** 2)), bounds=(0.0, 50.0), method="bounded")
     e = rel(best.x)
     return {"step_handoff_s": float(best.x) * 1e-6, "rms_rel_error": float(np.sqrt(np.mean(e ** 2))),

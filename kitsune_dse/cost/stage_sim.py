@@ -100,14 +100,13 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
         # slot is never read for a real item)
         m = (n - 1 - i[0]) // Wc + 1                                 # items per worker
         busy = np.where(has, m * tau[k][:, None], -np.inf)
+        # worker c's SM-mate is c + w/2 (mod w): an item runs alone when the mate has no item
+        # of the same (rb, k) and is free when it starts (only a worker's single item can)
         alone = None
-        if not np.array_equal(tau[k], tau[K + k]) and \
-                bool(np.any(has & ~(((i[0] + Wc // 2) % Wc) < np.minimum(n, Wc)) & (m == 1))):
-            # worker c's SM-mate is c + w/2 (mod w): an item runs alone when the mate has no
-            # item of the same (rb, k) and is free when it starts
-            half = Wc // 2
+        half = Wc // 2
+        mate_here = ((i[0] + half) % Wc) < np.minimum(n, Wc)            # [n_s, items]
+        if not np.array_equal(tau[k], tau[K + k]) and np.any(has & ~mate_here & (m == 1)):
             pidx = base + (((off[:, :, None] + i) % Wc + half) % Wc)
-            mate_here = ((i[0] + half) % Wc) < np.minimum(n, Wc)        # [n_s, items]
             lone = np.where(has, np.where(m == 1, tau[K + k][:, None], busy), -np.inf)
             alone = (pidx, mate_here, lone)
         steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0, alone))
@@ -167,14 +166,20 @@ def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShap
 def _stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None):
     if shape is None or len(works) == 1:
         return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
-                + sum(spec.step_handoff_cost_s if w.tile_shape else spec.sync_latency_s
-                      for w in works[1:]))
+                + sum(step_wait_s(w, spec) for w in works[1:]))
     s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
     top, log_grid, log_span, units, U, whole = _schedule(works, spec, shape)
     span = np.exp(np.interp(np.log(np.minimum(s, top)), log_grid, log_span))
     bound = sum(kernel_time(w, spec, s) for w in whole) / U
     out = np.maximum(span / max(units, 1e-9), bound)
     return out if np.ndim(sms) else float(out[0])
+
+
+def step_wait_s(work: KernelWork, spec: HwSpec) -> float:
+    """From the step before finishing a row-block to this step's items starting on it: a GEMM
+    step waits a calibrated hand-off (the flag, then the first operand slabs of a just-written
+    ring); a row or elementwise step, the flag alone."""
+    return spec.step_handoff_cost_s if work.tile_shape else spec.sync_latency_s
 
 
 def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
@@ -199,12 +204,8 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
         t = TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid, a)
         tau.append(t)
         lone.append(t / (TEAMS_PER_SM * a))
-    # a GEMM step starts on a row-block a hand-off after the step before it finished it (flag,
-    # then the first operand slabs of a just-written ring); a row or elementwise step, a flag
-    step_sync = tuple(spec.step_handoff_cost_s if w.tile_shape else spec.sync_latency_s
-                      for w in works)
     span = makespan(shape, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
-                    spec.sync_latency_s, step_sync)
+                    spec.sync_latency_s, tuple(step_wait_s(w, spec) for w in works))
     units = shape.row_blocks * shape.slabs / shape.rb_per_unit     # hand-off units (slabs)
     # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
     # bandwidth of all the row-blocks in flight)
