@@ -49,11 +49,13 @@ SUITE_SHAPES = [
     (16384, 3072, 768), (16384, 768, 3072),          # bert-base FFN (gpt3-mlp hidden 768)
 ]
 PIPE_SMS = (8, 16, 33, 66, 99, 132)
-# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 3 = worker
+# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 5 = a
+# GEMM producer waits for its output ring slot just before its epilogue (session 8); 4 = a
+# persistent worker visits only the row-blocks that hold its items (session 8); 3 = worker
 # c of a stage is team c // ctas of CTA c % ctas, and K is split into ranges of 16 k-tiles or
 # more; 2 (session 7) K split only when the tiles fill at most half the SMs; 1 (session 7) the
 # old split; 0 before: the two teams of an SM were consecutive workers
-HARNESS_VERSION = 3
+HARNESS_VERSION = 5
 PIPE_GEMM = (4096, 4096, 4096)
 PIPE_EW = (8192, 8192)
 
@@ -64,13 +66,24 @@ def tile_cases():
     return cases
 
 
-def pipe_region(kind: str, dims, sms: int, rows: int = 128):
+def pipe_region(kind: str, dims, sms, rows: int = 128, depth: int = 8):
+    """A microbenchmark case as a pipeline region: one stage of every op on `sms` SMs, or (sms a
+    tuple, one per op) a stage per op, each handing its output to the next through a ring of
+    `depth` plan tiles."""
     from kitsune_dse.validate.microbench import case_model
     g, region = case_model(kind, "fp16", dims)
     ops = list(region["ops"])
-    region = {"id": 0, "strategy": "pipeline", "ops": ops,
-              "stages": [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": {"rows": rows, "cols": 128}}],
-              "queues": []}
+    tile = {"rows": rows, "cols": 128}
+    if isinstance(sms, (tuple, list)):
+        if len(sms) != len(ops):
+            raise ValueError(f"{kind}: {len(sms)} stage SM counts for {len(ops)} ops")
+        stages = [{"id": j, "ops": [o], "sms": s, "ctas": s, "tile": dict(tile)} for j, (o, s) in enumerate(zip(ops, sms))]
+        queues = [{"producer": j, "consumer": j + 1, "tensors": list(g.op(ops[j]).outputs), "depth": depth,
+                   "mode": "row"} for j in range(len(ops) - 1)]
+    else:
+        stages = [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": tile}]
+        queues = []
+    region = {"id": 0, "strategy": "pipeline", "ops": ops, "stages": stages, "queues": queues}
     return g, region
 
 
@@ -137,6 +150,35 @@ PIPE_DIAG = [
     ("row op", "softmax", (65536, 1024), 132, True),
     ("row op", "softmax", (32768, 2048), 68, True),
     ("row op", "layernorm", (65536, 1024), 66, True),
+    # elementwise steps of one input (a ReLU, a concat: one load per output vector) against
+    # the add sweep's two (session 8: NeRF's concat stages ran 2-3x the add-calibrated time)
+    ("ew one input", "relu", (8192, 8192), 8, True),
+    ("ew one input", "relu", (8192, 8192), 33, True),
+    ("ew one input", "relu", (8192, 8192), 132, True),
+    ("concat", "concat", (262144, 256, 64), 5, True),
+    ("concat", "concat", (262144, 256, 64), 17, True),
+    ("concat", "concat", (262144, 256, 64), 66, True),
+    ("concat", "concat", (65536, 256, 32), 33, True),
+    # two stages through a ring (8 plan tiles deep): what a stage pays for publishing its
+    # items and sharing the chip, against the same GEMMs as one-stage kernels above
+    ("ring pair", "mmrelu", (16384, 1024, 256), (66, 66), True),
+    ("ring pair", "mmrelu", (16384, 1024, 1024), (88, 44), True),
+    ("ring pair", "mmrelu", (65536, 256, 256), (66, 66), True),
+    ("ring pair", "chain", (16384, 1024, 2), (66, 66), True),
+    ("ring pair", "chain", (16384, 1024, 2), (33, 99), True),
+    ("ring pair", "chain", (4096, 4096, 2), (66, 66), True),
+    # a GEMM feeding a row op through a ring (attention's scores into a softmax), beside the
+    # row op alone on the same SMs; GEMMs with a transcendental epilogue (GELU, SiLU) against
+    # the same GEMMs above without one
+    ("ring pair row", "mmsoftmax", (65536, 1024, 128), (94, 38), True, 128, 32),
+    ("ring pair row", "mmsoftmax", (65536, 1024, 128), (66, 66), True, 128, 32),
+    ("ring pair row", "mmsoftmax", (32768, 2048, 128), (88, 44), True, 128, 16),
+    ("row op alone", "softmax", (65536, 1024), 38, True),
+    ("row op alone", "softmax", (65536, 1024), 66, True),
+    ("gemm epilogue", "mmgelu", (16384, 3072, 768), 132, True),
+    ("gemm epilogue", "mmsilu", (16384, 3072, 768), 132, True),
+    ("gemm epilogue", "mmrelu", (16384, 3072, 768), 132, True),
+    ("gemm epilogue", "mmgelu", (16384, 1024, 256), 132, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
@@ -149,11 +191,12 @@ def pipe_variants(info):
     cases = [("sweep", kind, dims, s, True) for kind, dims in (("matmul", PIPE_GEMM), ("add", PIPE_EW))
              for s in PIPE_SMS] + PIPE_DIAG
     out = []
-    for label, kind, dims, s, flush, *rows in cases:
-        rows = rows[0] if rows else 128
-        g, region = pipe_region(kind, dims, s, rows)
+    for label, kind, dims, s, flush, *rest in cases:
+        rows = rest[0] if rest else 128
+        depth = rest[1] if len(rest) > 1 else 8
+        g, region = pipe_region(kind, dims, s, rows, depth)
         reg = Region(g, region)
-        out.append((label, kind, dims, s, flush, rows, reg,
+        out.append((label, kind, dims, s, flush, rows, depth, reg,
                     PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
     return out
 
@@ -266,9 +309,10 @@ def measure_pipes(runs: int, log) -> tuple[list, list, list]:
     flush = L2Flusher()
     gemm, ew, rows = [], [], []
     with stream:
-        for label, kind, dims, s, fl, tr, reg, v in pipe_variants(info):
+        for label, kind, dims, s, fl, tr, depth, reg, v in pipe_variants(info):
             row = {"label": label, "kind": kind, "dims": list(dims), "sms": s, "l2_flushed": fl,
-                   **({"tile_rows": tr} if tr != 128 else {})}   # (older runs' rows have none)
+                   **({"tile_rows": tr} if tr != 128 else {}),   # (older runs' rows have none)
+                   **({"depth": depth} if isinstance(s, (tuple, list)) else {})}
             try:
                 v.prepare()
                 chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
@@ -544,18 +588,42 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"]["mem_compute_overlap"] = pf["mem_compute_overlap"]
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
+        epi_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm epilogue" and r.get("time_s")]
+        if sp is harness and epi_rows:
+            from kitsune_dse.calibrate.fit import fit_transcendental
+            tf = fit_transcendental(spec_from_dict(data, name), epi_rows)
+            data["transcendental_flops"] = tf["transcendental_flops"]
+            cal["transcendental_fit"] = tf
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:
             sf = fit_step_handoff(spec_from_dict(data, name), chain_rows)
             data["step_handoff_s"] = sf["step_handoff_s"]
             cal["step_handoff_fit"] = sf
-        row_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "row op" and r.get("time_s")]
+        row_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") in ("row op", "row op alone") and r.get("time_s")]
         if sp is harness and row_rows:
             rf = fit_persistent_rows(spec_from_dict(data, name), row_rows)
             data["persistent_row_sm_stream_Bps"] = rf["sm_stream_Bps"]
             data["persistent_row_item_fixed_s"] = rf["item_fixed_s"]
             cal["row_op_fit"] = rf
+        concat_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "concat" and r.get("time_s")]
+        if sp is harness and concat_rows:
+            from kitsune_dse.calibrate.fit import fit_concat_stream
+            cc = fit_concat_stream(spec_from_dict(data, name), concat_rows)
+            data["persistent_concat_sm_stream_Bps"] = cc["persistent_concat_sm_stream_Bps"]
+            cal["concat_fit"] = cc
+        ring_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "ring pair" and r.get("time_s")]
+        if sp is harness and ring_rows:
+            from kitsune_dse.calibrate.fit import fit_ring_handoff
+            rh = fit_ring_handoff(spec_from_dict(data, name), ring_rows)
+            data["ring_handoff_s"] = rh["ring_handoff_s"]
+            cal["ring_handoff_fit"] = rh
+        rrow = [r for r in raw.get("pipe_rows", []) if r.get("label") == "ring pair row" and r.get("time_s")]
+        if sp is harness and rrow:
+            from kitsune_dse.calibrate.fit import fit_row_load
+            rl = fit_row_load(spec_from_dict(data, name), rrow)
+            data["persistent_row_load_slowdown"] = rl["persistent_row_load_slowdown"]
+            cal["row_load_fit"] = rl
         probes = [r for r in raw.get("tilesync_probe_rows", []) if r.get("plain_s") and r.get("both_s")]
         if sp is harness and probes:
             hf = fit_tile_handoff(spec_from_dict(data, name), probes)

@@ -237,12 +237,14 @@ def test_pipeline_source_structure():
     assert f"__launch_bounds__({256 * lay.teams}, 1) kdse_pipeline" in src
     assert "ctrl[8 + blockIdx.x] = smid();" in src
     assert "if (b < 66) stage_0(" in src and "else if (b < 132) stage_1(" in src
-    assert src.count("team_wait_geq(") == 2      # the producer's free-slot wait, the consumer's full wait
+    assert src.count("team_wait_geq(") == 1      # the consumer's full wait; the GEMM producer's
+    assert src.count("SlotWait<") == 1           # free-slot wait comes just before its epilogue
     assert "team_publish(" in src and "team_arrive(" in src
     assert "+ 1u, ctrl" not in src
     assert set(bt.names) == {"x", "w1", "b1", "ring:a", "w2", "b2", "y"}
     from kitsune_dse.validate.runtime import expand_includes
     full = expand_includes(src)
+    assert "hook.before_epilogue(tm)" in full and "struct SlotWait" in full
     for needle in ("ld.acquire.gpu", "st.release.gpu", "red.release.gpu", "%globaltimer", "%smid",
                    "ld.global.cg", "cp.async.cg", "mma.sync.aligned.m16n8k16", "ldmatrix", "bar.red.and.pred"):
         assert needle in full, needle

@@ -161,6 +161,71 @@ def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16",
     return pipeline(Region.of(g), spec, PipelineChoice((ops,), (sms,), rows)).latency_s
 
 
+def ring_pair_time(spec: HwSpec, kind: str, dims, sms, dtype: str = "fp16", rows: int = 128,
+                   depth: int = 8) -> float:
+    """The model's time of a microbenchmark case as a pipeline of one stage per op (`sms`: one
+    SM count per op), each handing its output to the next through a ring `depth` tiles deep."""
+    from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
+    from kitsune_dse.cost.region import Region
+    from kitsune_dse.validate.microbench import case_model
+    g, _ = case_model(kind, dtype, tuple(dims))
+    ops = tuple(o.name for o in g.ops)
+    n = len(ops) - 1
+    choice = PipelineChoice(tuple((o,) for o in ops), tuple(int(x) for x in sms), rows, (depth,) * n, ("row",) * n)
+    return pipeline(Region.of(g), spec, choice).latency_s
+
+
+def _fit_one(spec: HwSpec, rows: list[dict], field: str, scale: float, x0: float, lo: float, hi: float,
+             time_of) -> dict:
+    """Least squares on the relative error of one spec field (in units of `scale`) through the
+    model (time_of(spec, row)); the residuals by case."""
+    meas = np.array([r["time_s"] for r in rows], float)
+
+    def with_x(x):
+        return spec.model_copy(update={field: float(x) * scale})
+
+    def resid(x):
+        sp = with_x(x[0])
+        return np.array([time_of(sp, r) for r in rows]) / meas - 1
+    fit = least_squares(resid, [x0], bounds=([lo], [hi]), diff_step=1e-3)
+    rel = resid(fit.x)
+    return {field: float(fit.x[0]) * scale, "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
+            "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
+                                  for r, e in zip(rows, rel)}}
+
+
+def fit_concat_stream(spec: HwSpec, rows: list[dict]) -> dict:
+    """A persistent concat step's bytes per second per SM, from one-stage concat kernels on a few
+    SM counts (the runtime's concat loads one input vector per output vector, latency-bound)."""
+    return _fit_one(spec, rows, "persistent_concat_sm_stream_Bps", 1e9, spec.hbm_per_sm_bandwidth_Bps / 2e9,
+                    1.0, 1000.0, lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
+
+
+def fit_ring_handoff(spec: HwSpec, rows: list[dict]) -> dict:
+    """The one-way hand-off of a row-block through a ring between two stages (release of the
+    producer's item, the consumer's poll, the slot's release back), from two-stage pipelines
+    whose rings, eight tiles deep, keep the stages waiting on each other."""
+    return _fit_one(spec, rows, "ring_handoff_s", 1e-6, spec.sync_latency_s * 1e6, 0.0, 50.0,
+                    lambda sp, r: ring_pair_time(sp, r["kind"], r["dims"], r["sms"],
+                                                 rows=r.get("tile_rows", 128), depth=r.get("depth", 8)))
+
+
+def fit_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
+    """The SIMT FLOP-equivalents of one special-function evaluation, from one-stage GEMMs with a
+    GELU or SiLU epilogue (and a ReLU one, which has none) of the shapes the GEMM fit knows."""
+    return _fit_one(spec, rows, "transcendental_flops", 1.0, 8.0, 0.0, 1000.0,
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
+
+
+def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:
+    """How much a row-op stage's stream slows as the chip loads: two-stage pipelines of a GEMM
+    feeding a softmax through a ring (attention's scores), against the row op alone."""
+    return _fit_one(spec, rows, "persistent_row_load_slowdown", 1.0, 0.5, 0.0, 20.0,
+                    lambda sp, r: ring_pair_time(sp, r["kind"], r["dims"], r["sms"],
+                                                 rows=r.get("tile_rows", 128), depth=r.get("depth", 8)))
+
+
 def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16",
                          rows: int = 128) -> float:
     return one_stage_time(spec, "matmul", (m, n, k), sms, dtype, rows)

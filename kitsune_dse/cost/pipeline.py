@@ -26,7 +26,7 @@ from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
-                                       weight_reread_bytes)
+                                       simt_flops, weight_reread_bytes)
 from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_time
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
@@ -221,7 +221,7 @@ def pipe_tile(tile_rows: int, stream_rows: int | None = None) -> tuple[int, int]
     return (64 if small else 128, PIPE_TILE_COLS)
 
 
-def _atom_work(region: Region, atom, units, d_r, d_w, l2,
+def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
                k_streamed: bool = False, row_blocks: int = 1, inflight: int = 1,
                tile_rows: int = 128, slabs: int = 1, reread: dict | None = None) -> KernelWork:
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
@@ -231,7 +231,7 @@ def _atom_work(region: Region, atom, units, d_r, d_w, l2,
     infos = [g.op(o).info for o in atom]
     k = max(1, int(inflight))
     tensor = sum(i.flops for i in infos if i.unit == "tensor") / units * k
-    simt = sum(i.flops for i in infos if i.unit == "simt") / units * k
+    simt = simt_flops(infos, spec) / units * k
     dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
     gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
     name = "+".join(atom)
@@ -249,14 +249,23 @@ def _atom_work(region: Region, atom, units, d_r, d_w, l2,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
                           gemm_n=gd.n, **rr)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
+    # (narrow rows stream as fast per byte as wide ones: softmax of 1024 and of 4096 columns
+    # within 2% at 68 SMs once the runtime stopped visiting others' row-blocks, harness v4)
     rows_ops = [o for o, i in zip(atom, infos) if i.op_class is OpClass.ROW_REDUCTION]
-    inflight_frac = 1.0
-    if rows_ops:
-        x = g.tensors[g.op(rows_ops[0]).inputs[0]]
-        inflight_frac = _row_vectors_per_lane(x.shape[-1] if x.shape else 1) / ROW_VPL_MAX
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
-                      row_op=bool(rows_ops), row_inflight=inflight_frac, **rr)
+                      row_op=bool(rows_ops),
+                      concat=any(g.op(o).kind == "concat" for o in atom), **rr)
+
+
+def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:
+    """Stage j's groups that write its output queue are all GEMMs the runtime runs whole (not
+    split along K: no split_k input), which wait for their ring slot only before the epilogue."""
+    if j > 0 and c.modes[j - 1] == "split_k":
+        return False
+    later = {o for st in c.stages[j + 1:] for o in st}
+    writers = [a for a in atoms if any(x in later for o in a for t in g.op(o).outputs for x in g.consumers(t))]
+    return bool(writers) and all(any(g.op(o).info.gemm is not None for o in a) for a in writers)
 
 
 def _dual_gemms(g, atoms: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
@@ -384,13 +393,16 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     intra_budget = max(0.0, left - resident_w)
     # units a stage can work on at once: its input ring and its output ring bound how many
     # row-blocks are available and writable (a lone stage sees the whole stream)
+    # (a GEMM writing the output ring waits for its slot only before its epilogue: its main
+    # loops run on as many units as its input allows, the ring holds back only their ends,
+    # which the queue simulation's blocking after service models; harness version 5)
     J = len(c.stages)
     inflight = []
     for j in range(J):
         lim = units
         if j > 0:
             lim = min(lim, c.depths[j - 1] * slabs)
-        if j < J - 1:
+        if j < J - 1 and not _gemm_writes_ring(g, c, j, stage_atoms[j]):
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
     out, shapes, read_terms, single, splitk = [], [], [], [], []
@@ -462,7 +474,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             k_inf = inflight[j] if len(atoms) == 1 else 1
             reread_info = {"weight_pass_bytes": w_pass, "rbs": rbs, "items_per_rb": stage_items,
                            "rbs_at_once_max": at_once} if w_pass else None
-            work = _atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
+            work = _atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
                               k_inf, bm, slabs, reread_info)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
                 work = work.but(feed_sms=float(spec.sm_count))
@@ -476,7 +488,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             works.append(work)
             if len(atoms) == 1:
                 single.append(work if k_inf == 1 else
-                              replace(_atom_work(region, atom, units, d_r, d_w, l2, k_streamed, N,
+                              replace(_atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
                                                  1, bm, slabs, reread_info),
                                       feed_sms=work.feed_sms))
                 splitk.append(sk)
@@ -498,16 +510,6 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
 # INTRA_RING_BYTES): the GPU harness imports no pydantic-backed module; a test checks they agree
 ROW_VPL_MAX = 8
 INTRA_RING_BYTES = 8 * 2**20      # cap of a ring between two steps of one stage (no plan queue)
-
-
-def _row_vectors_per_lane(cols: int) -> int:
-    """16-byte vectors each lane keeps in flight for a row of `cols` (validate/lower.py row_cfg:
-    the fewest warps per row that hold it in at most ROW_VPL_MAX vectors per lane)."""
-    for wpr in (1, 2, 4, 8):
-        v = -(-cols // (wpr * 256))
-        if v <= ROW_VPL_MAX:
-            return v
-    return ROW_VPL_MAX
 
 
 def _row_items(bm: int, cols: int) -> int:
@@ -652,19 +654,10 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     c = plan.choice
     works, totals = stage_works(region, spec, plan)
     units = plan.row_blocks * plan.slabs
-    t = np.array([stage_unit_time(w, spec, s, sh)
-                  for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
-    srv = stage_servers(totals, c.sms, t, units)
-    depths = tuple(d * plan.slabs for d in c.depths)
-    sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     used = sum(c.sms)
-    dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
-    bw_bound = max(dram / spec.hbm_bandwidth_from(used), _stream_floor(works, spec, used, units))
-    if bw_bound > sim.makespan_s:
-        # the stages share one DRAM: when together they ask for more than the chip delivers,
-        # every stage slows by the same factor (keeps the per-tile timeline consistent)
-        t = t * (bw_bound / sim.makespan_s)
-        sim = _tandem(t, srv, units, depths, plan.slabs, spec)
+    load = chip_load(works, plan, spec)
+    t, srv, sim, bw_bound = _time_stages(_with_load(works, load) if load >= 0 else works,
+                                         totals, plan, spec, units)
     latency = max(sim.makespan_s, bw_bound) + spec.persistent_launch_cost_s
     busy = float(sum(t[j] * units * c.sms[j] for j in range(len(t))))
     return Estimate(
@@ -675,6 +668,7 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
         breakdown={"strategy": "pipeline", "stages": [list(s) for s in c.stages],
                    "sms": list(c.sms), "tile_rows": c.tile_rows, "depths": list(c.depths),
                    "modes": list(c.modes), "row_blocks": plan.row_blocks, "slabs": plan.slabs,
+                   "chip_load": load,
                    "stage_tile_s": t.tolist(), "stage_servers": srv.tolist(),
                    "makespan_s": sim.makespan_s,
                    "dram_bound_s": bw_bound, "fill_s": sim.fill_s, "drain_s": sim.drain_s,
@@ -687,6 +681,75 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     ).check()
 
 
+def _time_stages(works, totals: dict, plan: StagePlan, spec: HwSpec, units: int):
+    """Per-unit stage times, servers, the tandem-queue simulation and the DRAM bound."""
+    c = plan.choice
+    t = np.array([stage_unit_time(w, spec, s, sh)
+                  for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
+    srv = stage_servers(totals, c.sms, t, units)
+    depths = tuple(d * plan.slabs for d in c.depths)
+    sim = _tandem(t, srv, units, depths, plan.slabs, spec)
+    bw_bound = _bw_floor(works, totals, spec, sum(c.sms), units)
+    if bw_bound > sim.makespan_s:
+        # the stages share one DRAM: when together they ask for more than the chip delivers,
+        # every stage slows by the same factor (keeps the per-tile timeline consistent)
+        t = t * (bw_bound / sim.makespan_s)
+        sim = _tandem(t, srv, units, depths, plan.slabs, spec)
+    return t, srv, sim, bw_bound
+
+
+def _bw_floor(works, totals: dict, spec: HwSpec, used: int, units: int) -> float:
+    """The stages share one DRAM: the region's bytes at the bandwidth its SMs reach, and every
+    step's stream floor (_stream_floor)."""
+    dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
+    if np.ndim(used):       # the solver's floor steps at once (one kernel_time per step)
+        u = np.asarray(used, dtype=float)
+        return np.maximum(dram / spec.hbm_bandwidth_from(u), _stream_floor(works, spec, u, units)).tolist()
+    return max(dram / spec.hbm_bandwidth_from(used), _stream_floor(works, spec, used, units))
+
+
+def dram_floor_s(region: Region, spec: HwSpec, plan: StagePlan, used) -> float | list[float]:
+    """The pipeline's DRAM floor on `used` SMs in all, or on each of a list of totals (what
+    cost.pipeline stretches its stage times to; the solver's floor reads it, never its own
+    arithmetic)."""
+    works, totals = _works_at_plan_load(region, spec, plan)
+    units = plan.row_blocks * plan.slabs
+    return _bw_floor(works, totals, spec, used, units)
+
+
+def _works_at_plan_load(region: Region, spec: HwSpec, plan: StagePlan):
+    """stage_works at the chip load the plan's own SM split gives (the search's tables and
+    floor take it from the plan they probe; cost.pipeline solves it for every plan)."""
+    works, totals = stage_works(region, spec, plan)
+    load = chip_load(works, plan, spec)
+    return (_with_load(works, load) if load >= 0 else works), totals
+
+
+def _load_matters(works, spec: HwSpec) -> bool:
+    """Some step's cost depends on the chip's load: a GEMM tile's fixed cost (when the spec
+    tells a quiet chip's apart) or a row op's stream (when the spec slows it with the load)."""
+    gemm = spec.gemm_tile_fixed_idle_s is not None
+    row = spec.persistent_row_load_slowdown > 0
+    return any(w.persistent and ((gemm and w.tile_shape) or (row and w.row_op)) for stage in works for w in stage)
+
+
+def _with_load(works, load: float):
+    return [[w.but(chip_load=load) if w.persistent and (w.tile_shape or w.row_op) else w for w in stage]
+            for stage in works]
+
+
+def chip_load(works, plan: StagePlan, spec: HwSpec) -> float:
+    """How loaded the chip's memory system is while a multi-stage pipeline runs: the share of
+    the chip's SMs its GEMM stages hold (their tiles' operand loads are most of its L2
+    traffic, at a rate their SMs set). A GEMM tile's fixed cost (gemm_tile_fixed_idle_s) and a
+    row op's stream (persistent_row_load_slowdown) depend on it. -1: a one-stage pipeline or
+    no load-dependent cost (the stage's own SMs stand for it)."""
+    if len(works) < 2 or not _load_matters(works, spec):
+        return -1.0
+    gemm_sms = sum(s for s, stage in zip(plan.choice.sms, works) if any(w.tile_shape for w in stage))
+    return min(1.0, gemm_sms / spec.sm_count)
+
+
 def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
     """The stages share one DRAM: a memory-bound step streams its bytes no faster than the
     same step over all the stages' work would on all the pipeline's SMs (measured: gpt3 t64's
@@ -694,8 +757,8 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
     streams at 2.2 TB/s on 66 or 132 SMs), and so does a step its tiles' operand loads from L2
     bound (roofline._operand_feed_s); every step at least its bytes at the chip's streaming
     bandwidth."""
-    floor = 0.0
-    bw = spec.hbm_bandwidth_from(used)
+    floor = 0.0 if np.ndim(used) == 0 else np.zeros(len(used))
+    bw = spec.hbm_bandwidth_from(used if np.ndim(used) == 0 else np.asarray(used, dtype=float))
     for stage in works:
         for w in stage:
             if not w.dram_bytes:
@@ -708,13 +771,13 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
                 # t64's fc2 (96 tiles, 16 slabs) streams as a 96-tile GEMM (582 us alone on 132
                 # SMs), not as 1,536 tiles (512 us modelled)
                 whole = whole.but(tiles=max(1, math.ceil(whole.tiles / w.split_k)), split_k=1)
-            lat = kernel_time(whole, spec, used)
+            lat = kernel_time(whole, spec, used if np.ndim(used) == 0 else np.asarray(used, dtype=float))
             # its time on all the SMs (the stages share the DRAM and the L2 operand feed; the
             # math of a step scales with its SMs at best), never less than its bytes at the
             # chip's streaming bandwidth. (Counting a step's whole time only when it is memory
             # bound made the floor jump: a property test found twice the FLOP/s 5% slower)
-            floor += max(lat, whole.dram_bytes / bw)
-    return floor
+            floor = floor + np.maximum(lat, whole.dram_bytes / bw)
+    return float(floor) if np.ndim(floor) == 0 else floor
 
 
 def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, ...], slabs: int,
@@ -728,7 +791,7 @@ def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, .
     if hit is None:
         lat = t * servers
         hit = memo[key] = simulate(np.repeat(lat[:, None], units, axis=1), list(depths),
-                                   spec.sync_latency_s, servers=servers,
+                                   spec.ring_handoff_cost_s, servers=servers,
                                    group=[slabs] * len(depths))
     return hit
 
@@ -744,7 +807,7 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     column 0 = 1) and the stage_works totals."""
     S = spec.sm_count
     axis = np.arange(1, S + 1)
-    works, totals = stage_works(region, spec, plan)
+    works, totals = _works_at_plan_load(region, spec, plan)
     tab = np.empty((len(works), S + 1))
     tab[:, 0] = np.inf
     for j, (w, sh) in enumerate(zip(works, totals["stage_shapes"])):

@@ -29,7 +29,7 @@ import numpy as np
 from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, grid_reads
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
-                                       gemm_tile_options, gemm_tiles, split_k_partials_bytes)
+                                       gemm_tile_options, gemm_tiles, simt_flops, split_k_partials_bytes)
 from kitsune_dse.graph.ir import DTYPE_BYTES, Graph, OpClass
 from kitsune_dse.hw.spec import HwSpec
 
@@ -252,7 +252,7 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                 dram_write: float, l2_read: float, b_dram: float = 0.0, a_dram: float = 0.0) -> KernelWork:
     infos = [g.op(o).info for o in group]
     tensor = sum(i.flops for i in infos if i.unit == "tensor")
-    simt = sum(i.flops for i in infos if i.unit == "simt")
+    simt = simt_flops(infos, spec)
     gemms = [(o, i) for o, i in zip(group, infos) if i.gemm is not None]
     dtype = g.tensors[g.op(group[0]).outputs[0]].dtype
     if gemms:

@@ -45,8 +45,7 @@ class KernelWork:
     # pass (already in dram_read_bytes) over `rbs` runtime row-blocks of `items_per_rb` items;
     # the workers (ctas_per_sm per SM) share a pass among the row-blocks they hold at once
     row_op: bool = False           # reduces over rows (softmax, norms): a persistent step's own stream rate
-    row_inflight: float = 1.0      # a row-op step's loads in flight per lane over the runtime's most
-                                   # (narrow rows keep fewer bytes in flight: a lower stream rate)
+    concat: bool = False           # concatenates (a persistent step's own stream rate, through its SMs)
     weight_pass_bytes: float = 0.0
     grid_reread_bytes: float = 0.0  # of dram_read_bytes: operand tiles later waves of this tile's
                                    # grid read again (cost.gemm_l2; another tile re-reads differently)
@@ -58,6 +57,9 @@ class KernelWork:
                                    # K it reads), each a flag round trip its team waits out
     feed_sms: float = 0.0          # SMs sharing the L2 operand feed when more than its own (the
                                    # other stages of a pipeline load their tiles at the same time)
+    chip_load: float = -1.0        # how loaded the chip is while this step runs (cost.pipeline
+                                   # .chip_load: its GEMM stages' share of the SMs; < 0: the share
+                                   # of the chip's SMs this step uses stands for it)
     rbs: int = 1
     items_per_rb: int = 1
     rbs_at_once_max: float = 1.0
@@ -82,6 +84,11 @@ class KernelWork:
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
+
+
+def simt_flops(infos, spec: HwSpec) -> float:
+    """SIMT FLOPs of a group's ops, their special functions priced by the spec."""
+    return sum(i.flops + i.transcendentals * spec.transcendental_flops for i in infos if i.unit == "simt")
 
 
 def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
@@ -120,8 +127,10 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
-    if _streams_l2_bytes(work, spec):   # a row-op step's SMs move its ring bytes too
-        dram = np.maximum(dram, (dram_bytes + work.l2_bytes) / (used * _sm_stream(work, spec)))
+    if _streams_l2_bytes(work, spec):   # a row-op step's SMs move its ring bytes too, on the
+        # same saturating per-SM curve as its DRAM bytes
+        dram = np.maximum(dram, (dram_bytes + work.l2_bytes)
+                          / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec)))
     l2 = work.l2_bytes / spec.l2_bandwidth_from(used) if work.l2_bytes else np.zeros_like(s)
     # a persistent step does not hide its DRAM stream under its math; its L2 reads are the
     # tile loads its calibrated rate already includes, so they only bound it
@@ -191,7 +200,9 @@ def _sms_streaming(work: KernelWork, s):
 def _streams_l2_bytes(work: KernelWork, spec: HwSpec) -> bool:
     """A persistent row-op step loads and stores every byte through its SMs at its calibrated
     per-SM rate, ring (L2) bytes as well as DRAM ones (its rows are latency-bound passes)."""
-    return bool(work.persistent and work.row_op and work.l2_bytes and spec.persistent_row_sm_stream_Bps)
+    return bool(work.persistent and work.l2_bytes and (
+        (work.row_op and spec.persistent_row_sm_stream_Bps)
+        or (work.concat and spec.persistent_concat_sm_stream_Bps)))
 
 
 def _sm_stream(work: KernelWork, spec: HwSpec) -> float | None:
@@ -202,7 +213,11 @@ def _sm_stream(work: KernelWork, spec: HwSpec) -> float | None:
     if _is_gemm(work):
         return spec.persistent_gemm_sm_stream_Bps
     if work.row_op and spec.persistent_row_sm_stream_Bps:
-        return spec.persistent_row_sm_stream_Bps * work.row_inflight
+        # its latency-bound passes slow down as the other stages load the chip (chip_load)
+        return spec.persistent_row_sm_stream_Bps / (1.0 + spec.persistent_row_load_slowdown
+                                                     * max(0.0, work.chip_load))
+    if work.concat and spec.persistent_concat_sm_stream_Bps:
+        return spec.persistent_concat_sm_stream_Bps
     return None
 
 
@@ -233,8 +248,9 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         bw = _smooth_min(used * per_sm, spec.hbm_bandwidth_Bps * cap, p)
         dram = (work.dram_bytes + float(weight_reread_bytes(work, s))) / bw
     if _streams_l2_bytes(work, spec):
-        dram = max(dram, (work.dram_bytes + float(weight_reread_bytes(work, s)) + work.l2_bytes)
-                   / (used * _sm_stream(work, spec)))
+        cap = _hbm_ceiling(work, spec) or e.hbm
+        bw = _smooth_min(used * _sm_stream(work, spec), spec.hbm_bandwidth_Bps * cap, p)
+        dram = max(dram, (work.dram_bytes + float(weight_reread_bytes(work, s)) + work.l2_bytes) / bw)
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
@@ -305,14 +321,17 @@ def _tile_fixed(work: KernelWork, spec: HwSpec, used=None):
 def _loaded_tile_fixed(work: KernelWork, spec: HwSpec, used):
     """A persistent tile's fixed cost (its first operand slabs in, its output out: latencies
     that grow with the traffic of the SMs loading at once), between the quiet chip's and the
-    full chip's by the share of the chip's SMs in use (the stage's own, or every pipeline
-    stage's: feed_sms). Traced: attention's one-stage plan, a few SMs busy at a time, ran its
-    K=128 and K=1024 tiles about 2.7 us above their math against 4.75 on a full chip."""
+    full chip's by the share of the chip's SMs in use: a one-stage kernel's own, a multi-stage
+    pipeline's GEMM stages' (chip_load). Harness version 5's probes: 1.5 us on a full chip,
+    1.2 on a quiet one (version 3's 4.3 and 0.9 held the runtime's visits of every row-block)."""
     full = spec.gemm_tile_fixed_s
     idle = spec.gemm_tile_fixed_idle_s
     if idle is None or used is None:
         return full
-    share = np.minimum(1.0, np.maximum(used, work.feed_sms) / spec.sm_count)
+    if work.chip_load >= 0:
+        share = min(1.0, work.chip_load)
+    else:
+        share = np.minimum(1.0, np.maximum(used, work.feed_sms) / spec.sm_count)
     out = idle + (full - idle) * share
     return float(out) if np.ndim(out) == 0 else out
 

@@ -98,6 +98,8 @@ class OpInfo:
     unit: str                           # "tensor", "simt" or "none"
     gemm: GemmDims | None = None
     is_view: bool = False
+    transcendentals: float = 0.0        # special-function evaluations (tanh, exp, erf), which
+                                        # the hardware spec prices in FLOP-equivalents
 
     @property
     def bytes_read(self) -> int:

@@ -23,6 +23,9 @@ TENSOR_CORE_DTYPES = frozenset({"fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2", "
 # FLOPs per output element of the elementwise kinds (a tanh-form GELU is ~8 FLOPs plus a tanh).
 UNARY_FLOPS = {"relu": 1, "gelu": 8, "silu": 4, "sigmoid": 4, "tanh": 4, "exp": 2, "scale": 1,
                "sqrt": 1, "neg": 1, "erf": 4, "abs": 1, "reciprocal": 1, "cast": 0}
+# special-function evaluations per output element beside those FLOPs (a GELU's tanh or erf, a
+# SiLU's or sigmoid's exp): the spec prices each (transcendental_flops), measured on the GPU
+UNARY_TRANSCENDENTALS = {"gelu": 1, "silu": 1, "sigmoid": 1, "tanh": 1, "exp": 1, "erf": 1}
 BINARY_FLOPS = {"add": 1, "sub": 1, "mul": 1, "div": 1, "pow": 2, "max": 1, "min": 1}
 
 
@@ -44,6 +47,7 @@ class Facts:
     read_bytes: tuple[int, ...] | None = None
     write_bytes: tuple[int, ...] | None = None
     is_view: bool = False
+    transcendentals: float = 0.0
 
 
 Rule = Callable[[list[Tensor], Mapping], tuple[list[tuple[Shape, str]], Facts]]
@@ -191,7 +195,8 @@ def _unary(ins, attrs, _kind_name=None):
     if dtype not in DTYPE_BYTES:
         raise ShapeError(f"unknown dtype {dtype!r}")
     per = UNARY_FLOPS[attrs["__kind__"]]
-    return [(x.shape, dtype)], Facts(OpClass.ELEMENTWISE, per * x.numel, (E,))
+    return [(x.shape, dtype)], Facts(OpClass.ELEMENTWISE, per * x.numel, (E,),
+                                     transcendentals=UNARY_TRANSCENDENTALS.get(attrs["__kind__"], 0) * x.numel)
 
 
 @_kind(tuple(BINARY_FLOPS), (2, 2), "elementwise binary op with NumPy broadcasting")
@@ -404,5 +409,6 @@ def apply_rule(kind: str, ins: list[Tensor], attrs: Mapping, out_names: list[str
         pat_map[t.name] = max(pat_map.get(t.name, p), p, key=order.index)
     info = OpInfo(op_class=facts.op_class, flops=float(facts.flops), read_bytes=read_map,
                   write_bytes={t.name: b for t, b in zip(out_tensors, writes)}, patterns=pat_map,
-                  unit=facts.unit, gemm=facts.gemm, is_view=facts.is_view)
+                  unit=facts.unit, gemm=facts.gemm, is_view=facts.is_view,
+                  transcendentals=float(facts.transcendentals))
     return out_tensors, info

@@ -136,6 +136,15 @@ class HwSpec(_Strict):
                                                 # A and B slices of every output tile; None: no cap)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
+    transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # SIMT FLOP-equivalents of one special-function
+                                                # evaluation (a GELU's tanh, a SiLU's exp) in a
+                                                # kernel's epilogue (calibrated on GEMMs with and
+                                                # without a GELU/SiLU epilogue; 0: free)
+    persistent_row_load_slowdown: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # a row-op step's stream rate over 1 + this x the
+                                                # chip's load (GEMM stages beside it; calibrated
+                                                # on a GEMM feeding a softmax through a ring)
     persistent_row_item_fixed_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # per item of a persistent row-op step (a team's
                                                 # pass over a few rows: its reductions' latency)
@@ -152,6 +161,18 @@ class HwSpec(_Strict):
                                                 # row-block's last item of one step to the next
                                                 # step's items starting on it (ring publish, flag
                                                 # poll, first loads; default sync_latency_s)
+    ring_handoff_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # one-way hand-off of a row-block between two
+                                                # pipeline stages through their ring: the
+                                                # producer's release of its item, the consumer's
+                                                # poll seeing it (and a slot's release back);
+                                                # calibrated on two-stage pipelines (default
+                                                # sync_latency_s, the idle flag ping-pong)
+    persistent_concat_sm_stream_Bps: Pos | None = None  # bytes per second one SM moves in a
+                                                # persistent step that concatenates (one load per
+                                                # output vector, split over its inputs; measured
+                                                # at ~45% of an elementwise step's rate; default
+                                                # the elementwise rate)
     tilesync_handoff_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # per tilesync hand-off between kernels beyond
                                                 # the per-tile flags: the consumer launched early
@@ -222,6 +243,10 @@ class HwSpec(_Strict):
     @property
     def step_handoff_cost_s(self) -> float:
         return self.sync_latency_s if self.step_handoff_s is None else self.step_handoff_s
+
+    @property
+    def ring_handoff_cost_s(self) -> float:
+        return self.sync_latency_s if self.ring_handoff_s is None else self.ring_handoff_s
 
     @property
     def tile_wait_cost_s(self) -> float:

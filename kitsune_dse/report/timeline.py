@@ -69,7 +69,7 @@ def plan_timeline(plan: dict, spec: HwSpec, graph=None) -> Timeline:
             t = np.array([s["predicted_unit_latency_s"] for s in stages]) * srv
             depths = [q["depth"] for q in rd["queues"]]
             slabs = int(rd["pipeline"]["slabs"])
-            sim = simulate(np.repeat(t[:, None], units, axis=1), depths, spec.sync_latency_s,
+            sim = simulate(np.repeat(t[:, None], units, axis=1), depths, spec.ring_handoff_cost_s,
                            servers=srv, group=[slabs] * len(depths))
             names = [tl.track(f"r{rd['id']} stage {s['id']} ({s['sms']} SMs)") for s in stages]
             step = max(1, units // MAX_UNITS_DRAWN)

@@ -383,13 +383,13 @@ class _PipelineEnumerator:
         L = [float(tab[j][s] * srv[j][s]) for j, s in enumerate(sms)]
         B = max(T)
         dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
-        model = max(closed_form_span(T, L, units, B, spec.sync_latency_s),
+        model = max(closed_form_span(T, L, units, B, spec.ring_handoff_cost_s),
                     dram / spec.hbm_bandwidth_from(S)) + spec.persistent_launch_cost_s
         # queue depths: the smallest adequate ones if they fit beside the resident weights
         depths = probe.depths
         budget = _queue_budget(spec, plan, totals.get("weights_resident"))
         if J > 1:
-            ad = [adequate_depth(plan.slabs, B, L[q + 1], spec.sync_latency_s) or QUEUE_DEPTHS[-1]
+            ad = [adequate_depth(plan.slabs, B, L[q + 1], spec.ring_handoff_cost_s) or QUEUE_DEPTHS[-1]
                   for q in range(J - 1)]
             if sum(d * b for d, b in zip(ad, plan.slot_bytes)) <= budget:
                 depths = tuple(ad)

@@ -82,7 +82,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 from ortools.sat.python import cp_model
 
-from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
+from kitsune_dse.cost.pipeline import PipelineChoice, dram_floor_s, pipeline, plan_stages
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.errors import InfeasibleError, KitsuneError
 from kitsune_dse.search.candidates import (QUEUE_DEPTHS, Candidate, CandidateSet, check_granularity,
@@ -292,11 +292,12 @@ def pipe_model(c: Candidate, cset: CandidateSet, step: int) -> PipeModel:
     # FLOOR_STEPS steps from the fewest SMs a J-stage allocation can use to all of them
     lo = int(sum(a[0] for a in allowed))
     at = np.unique(np.rint(np.linspace(lo, S, FLOOR_STEPS + 1)).astype(np.int64))
-    floor = np.array([_ns(c.estimate.dram_bytes / spec.hbm_bandwidth_from(int(t))) for t in at],
-                     dtype=np.int64)
+    region = Region.of(cset.graph, c.ops)
+    plan = plan_stages(region, spec, c.choice)
+    floor = np.array([_ns(f) for f in dram_floor_s(region, spec, plan, [int(t) for t in at])], dtype=np.int64)
     return PipeModel(
         J=J, allowed=allowed, tab=tab, lat=lat, units=int(c.units), slabs=int(c.slabs),
-        sync=_ns(spec.sync_latency_s), floor_at=at, floor=floor,
+        sync=_ns(spec.ring_handoff_cost_s), floor_at=at, floor=floor,
         launch=_ns(spec.persistent_launch_cost_s - spec.region_overlap_s),
         slot_kib=[int(math.ceil(b / BYTE_UNIT)) for b in c.slot_bytes],
         budget_kib=int(math.floor(c.queue_budget_bytes / BYTE_UNIT)), sm_count=S)

@@ -52,6 +52,17 @@ def case_model(kind: str, dtype: str, dims):
         m, n, k = dims
         d = {"name": f"mm{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
              "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"]}]}
+    elif kind in ("mmrelu", "mmgelu", "mmsilu", "mmsoftmax"):
+        # (m, n, k): a GEMM, then an activation of its output (two ops: one or two stages)
+        m, n, k = dims
+        d = {"name": f"{kind}{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
+             "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"]},
+                     {"name": "act", "kind": kind[2:], "inputs": ["c"], "outputs": ["out"]}]}
+    elif kind == "concat":  # (rows, c1, c2): two inputs side by side along the last axis
+        r, c1, c2 = dims
+        d = {"name": f"concat{r}x{c1}x{c2}", "dtype": dtype, "inputs": {"x": [r, c1], "y": [r, c2]},
+             "weights": {}, "ops": [{"name": "op", "kind": "concat", "inputs": ["x", "y"], "outputs": ["out"],
+                                     "attrs": {"axis": -1}}]}
     else:
         r, c = dims
         ins = {"x": [r, c]}

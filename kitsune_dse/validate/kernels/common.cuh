@@ -172,5 +172,6 @@ KDSE_INLINE Team solo_team() { Team t; t.tid = threadIdx.x; t.bar = 1; t.rbar = 
 // k-tile kt): the pipeline's split-K consumer waits there for the column slab holding kt.
 struct NoWait {
     KDSE_INLINE void operator()(int kt) const {}
+    KDSE_INLINE void before_epilogue(const Team&) const {}
     KDSE_INLINE bool failed() const { return false; }
 };

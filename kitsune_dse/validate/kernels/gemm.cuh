@@ -139,6 +139,7 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
     }
     cp_async_wait<0>();
     team_sync(tm);
+    hook.before_epilogue(tm);     // a producer's output slot free (queue.cuh SlotWait)
 
     // epilogue: one warp-row (WM rows) at a time through fp32 shared memory, then 8-wide vectors
     float* cs = reinterpret_cast<float*>(smem_raw);

@@ -90,4 +90,22 @@ struct SlabWait {
         if (tid == 0 && !bad && kt % ktiles_per_slab == 0)
             bad = !spin_geq(flags + kt / ktiles_per_slab, target, ctrl, timeout_ns, KDSE_ERR_SLAB, what, rb, who);
     }
+    KDSE_INLINE void before_epilogue(const Team&) const {}
+};
+
+// A GEMM producer's wait for its output ring slot (the consumers' releases of the slot's last
+// generation: *flag >= target), once per row-block, just before the epilogue writes the slot:
+// the main loop overlaps the consumers' reads of the previous generation. A timeout records
+// the error (the host reports it) and lets the team go on.
+template <class Inner>
+struct SlotWait {
+    Inner inner; const u32* flag; u32 target; u32* ctrl; u64 timeout_ns; u32 what; u32 rb; u32 who;
+    mutable bool done;
+    KDSE_INLINE void operator()(int kt) const { inner(kt); }
+    KDSE_INLINE void before_epilogue(const Team& tm) const {
+        inner.before_epilogue(tm);
+        if (!done && target > 0u)
+            team_wait_geq(tm, flag, target, ctrl, timeout_ns, KDSE_ERR_EMPTY, what, rb, who);
+        done = true;
+    }
 };

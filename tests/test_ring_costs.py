@@ -1,0 +1,159 @@
+"""The session-8 pieces of the pipeline model, each against a hand-computed value or an
+invariant: ring hand-offs, GEMM producers not held by their ring, concat and transcendental
+pricing, row ops slowed by the chip's load, the chip-load fixed point, the DRAM floor the
+solver reads; and the calibration fits that set them recover a synthetic truth."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from kitsune_dse.calibrate.fit import (fit_concat_stream, fit_ring_handoff, fit_row_load,
+                                       fit_transcendental, one_stage_time, ring_pair_time)
+from kitsune_dse.cost.pipeline import PipelineChoice, dram_floor_s, pipeline, plan_stages
+from kitsune_dse.cost.region import Region
+from kitsune_dse.cost.roofline import simt_flops
+from kitsune_dse.hw import load_spec
+from kitsune_dse.validate.microbench import case_model
+
+CAL = load_spec("h100-sxm.calibrated")
+
+
+def _two_stage(kind, dims, sms, depth, spec=CAL, rows=128):
+    g, _ = case_model(kind, "fp16", dims)
+    ops = tuple(o.name for o in g.ops)
+    return g, pipeline(Region.of(g), spec, PipelineChoice(tuple((o,) for o in ops), sms, rows, (depth,), ("row",)))
+
+
+def test_gelu_and_silu_count_one_transcendental_per_element_relu_none():
+    for kind, per in (("mmgelu", 1), ("mmsilu", 1), ("mmrelu", 0)):
+        g, _ = case_model(kind, "fp16", (256, 512, 64))
+        act = g.op("act").info
+        assert act.transcendentals == per * 256 * 512
+        sp = CAL.model_copy(update={"transcendental_flops": 50.0})
+        assert simt_flops([act], sp) == act.flops + per * 256 * 512 * 50.0
+
+
+def test_a_gelu_epilogue_costs_its_transcendentals_at_the_simt_rate():
+    # one-stage 16384 x 3072 x 768 on 132 SMs: compute bound, so the epilogue's special
+    # functions add busiest-SM tiles x their FLOP-equivalents per tile / the SM's SIMT rate
+    base = CAL.model_copy(update={"transcendental_flops": 0.0})
+    t0 = one_stage_time(base, "mmgelu", (16384, 3072, 768), 132)
+    t1 = one_stage_time(base.model_copy(update={"transcendental_flops": 100.0}), "mmgelu", (16384, 3072, 768), 132)
+    per_sm = 16384 * 3072 / 132 * 100.0 / base.simt_rate_per_sm("fp16")
+    assert t1 - t0 == pytest.approx(per_sm, rel=0.15)
+
+
+def test_a_concat_step_streams_at_its_own_rate():
+    # 262144 x (256 + 64) fp16 read and written on 5 SMs: far below the HBM ceiling, the
+    # bytes over 5 x the concat rate (the smooth minimum costs < 1%)
+    sp = CAL.model_copy(update={"persistent_concat_sm_stream_Bps": 25e9})
+    t = one_stage_time(sp, "concat", (262144, 256, 64), 5)
+    moved = 2 * 262144 * 320 * 2
+    assert t == pytest.approx(moved / (5 * 25e9), rel=0.03)
+    slow = one_stage_time(sp.model_copy(update={"persistent_concat_sm_stream_Bps": 12.5e9}),
+                          "concat", (262144, 256, 64), 5)
+    assert slow == pytest.approx(2 * t, rel=0.03)
+
+
+def test_a_gemm_producer_is_not_held_by_its_output_ring():
+    # its slot wait comes before the epilogue: its per-unit time is the same for a ring of 1
+    # or 8 row-blocks; a GEMM consumer behind it is held by its input ring
+    flat = CAL.model_copy(update={"gemm_tile_fixed_idle_s": None})     # no load-dependent cost
+    g, shallow = _two_stage("chain", (16384, 1024, 2), (66, 66), 1, flat)
+    _, deep = _two_stage("chain", (16384, 1024, 2), (66, 66), 8, flat)
+    assert shallow.breakdown["stage_tile_s"][0] == pytest.approx(deep.breakdown["stage_tile_s"][0], rel=1e-12)
+    assert shallow.breakdown["stage_tile_s"][1] != pytest.approx(deep.breakdown["stage_tile_s"][1], rel=1e-3)
+    assert deep.latency_s <= shallow.latency_s
+
+
+@settings(max_examples=25, deadline=None)
+@given(h1=st.floats(0.0, 5e-6), dh=st.floats(1e-8, 5e-6), depth=st.sampled_from([1, 2, 8]))
+def test_a_slower_ring_hand_off_never_speeds_a_pipeline(h1, dh, depth):
+    a = CAL.model_copy(update={"ring_handoff_s": h1})
+    b = CAL.model_copy(update={"ring_handoff_s": h1 + dh})
+    _, ea = _two_stage("mmrelu", (16384, 1024, 256), (66, 66), depth, a)
+    _, eb = _two_stage("mmrelu", (16384, 1024, 256), (66, 66), depth, b)
+    assert eb.latency_s >= ea.latency_s * (1 - 1e-9)
+
+
+def test_the_ring_hand_off_defaults_to_the_flag_latency():
+    sp = CAL.model_copy(update={"ring_handoff_s": None})
+    assert sp.ring_handoff_cost_s == sp.sync_latency_s
+    _, e = _two_stage("mmrelu", (16384, 1024, 256), (66, 66), 2, sp)
+    _, e2 = _two_stage("mmrelu", (16384, 1024, 256), (66, 66), 2,
+                       sp.model_copy(update={"ring_handoff_s": sp.sync_latency_s}))
+    assert e.latency_s == e2.latency_s
+
+
+def test_a_row_stage_slows_with_the_chip_load_a_lone_row_op_does_not():
+    quiet = CAL.model_copy(update={"persistent_row_load_slowdown": 0.0})
+    busy = CAL.model_copy(update={"persistent_row_load_slowdown": 2.0})
+    _, q = _two_stage("mmsoftmax", (65536, 1024, 128), (94, 38), 32, quiet)
+    _, b = _two_stage("mmsoftmax", (65536, 1024, 128), (94, 38), 32, busy)
+    assert 0.0 < b.breakdown["chip_load"] <= 1.0
+    assert b.latency_s > q.latency_s
+    alone = [one_stage_time(s, "softmax", (65536, 1024), 38) for s in (quiet, busy)]
+    assert alone[0] == alone[1]
+
+
+def test_the_chip_load_is_the_gemm_stages_share_of_the_sms():
+    _, e = _two_stage("mmsoftmax", (65536, 1024, 128), (94, 38), 32)
+    assert e.breakdown["chip_load"] == pytest.approx(94 / 132)
+    # one stage, or no load-dependent cost: none
+    g, _ = case_model("mmsoftmax", "fp16", (65536, 1024, 128))
+    one = pipeline(Region.of(g), CAL, PipelineChoice((("mm", "act"),), (132,), 128))
+    assert one.breakdown["chip_load"] == -1.0
+    flat = CAL.model_copy(update={"gemm_tile_fixed_idle_s": None, "persistent_row_load_slowdown": 0.0})
+    _, e2 = _two_stage("mmsoftmax", (65536, 1024, 128), (94, 38), 32, flat)
+    assert e2.breakdown["chip_load"] == -1.0
+
+
+def test_the_solvers_dram_floor_is_the_pipelines():
+    g, e = _two_stage("mmrelu", (65536, 256, 256), (66, 66), 8)
+    region = Region.of(g)
+    plan = plan_stages(region, CAL, PipelineChoice((("mm",), ("act",)), (66, 66), 128, (8,), ("row",)))
+    assert dram_floor_s(region, CAL, plan, 132) == e.breakdown["dram_bound_s"]
+
+
+# -- the fits recover a synthetic truth --------------------------------------------------------------
+
+def _rows(truth, cases, time_of):
+    return [{"kind": k, "dims": d, "sms": s, "time_s": time_of(truth, k, d, s)} for k, d, s in cases]
+
+
+def test_fit_ring_handoff_recovers_the_truth():
+    truth = CAL.model_copy(update={"ring_handoff_s": 3.0e-6})
+    cases = [("mmrelu", (16384, 1024, 256), (66, 66)), ("chain", (16384, 1024, 2), (66, 66)),
+             ("chain", (16384, 1024, 2), (33, 99))]
+    rows = _rows(truth, cases, lambda sp, k, d, s: ring_pair_time(sp, k, d, s))
+    fit = fit_ring_handoff(CAL.model_copy(update={"ring_handoff_s": 1e-6}), rows)
+    assert fit["ring_handoff_s"] == pytest.approx(3.0e-6, rel=0.02)
+    assert fit["rms_rel_error"] < 2e-3
+
+
+def test_fit_concat_stream_recovers_the_truth():
+    truth = CAL.model_copy(update={"persistent_concat_sm_stream_Bps": 30e9})
+    cases = [("concat", (262144, 256, 64), s) for s in (5, 17, 66)]
+    rows = _rows(truth, cases, lambda sp, k, d, s: one_stage_time(sp, k, d, s))
+    fit = fit_concat_stream(CAL, rows)
+    assert fit["persistent_concat_sm_stream_Bps"] == pytest.approx(30e9, rel=0.02)
+
+
+def test_fit_transcendental_recovers_the_truth():
+    truth = CAL.model_copy(update={"transcendental_flops": 60.0})
+    cases = [("mmgelu", (16384, 3072, 768), 132), ("mmsilu", (16384, 3072, 768), 132),
+             ("mmgelu", (16384, 1024, 256), 132)]
+    rows = _rows(truth, cases, lambda sp, k, d, s: one_stage_time(sp, k, d, s))
+    fit = fit_transcendental(CAL.model_copy(update={"transcendental_flops": 0.0}), rows)
+    assert fit["transcendental_flops"] == pytest.approx(60.0, rel=0.05)
+
+
+def test_fit_row_load_recovers_the_truth():
+    truth = CAL.model_copy(update={"persistent_row_load_slowdown": 1.5})
+    cases = [("mmsoftmax", (65536, 1024, 128), (94, 38)), ("mmsoftmax", (65536, 1024, 128), (66, 66))]
+    rows = [{**r, "depth": 32} for r in _rows(truth, cases, lambda sp, k, d, s: ring_pair_time(sp, k, d, s, depth=32))]
+    fit = fit_row_load(CAL.model_copy(update={"persistent_row_load_slowdown": 0.0}), rows)
+    assert fit["persistent_row_load_slowdown"] == pytest.approx(1.5, rel=0.05)
+    assert np.isfinite(fit["rms_rel_error"])
