@@ -547,7 +547,14 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
         slot_bytes = bm * cols * DTYPE_BYTES[out.dtype]
         slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
     look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
-    return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit, max(1, plan.slabs))
+    # a GEMM step waits for its ring slot to the next step only before its epilogue (harness
+    # version 5); the first step of a stage fed by a split_k queue splits K and waits first
+    j = next((i for i, st in enumerate(c.stages) if atoms[0][0] in st), 0)
+    late = tuple(any(g.op(o).info.gemm is not None for o in atom)
+                 and not (k == 0 and j > 0 and c.modes[j - 1] == "split_k")
+                 for k, atom in enumerate(atoms))
+    return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit, max(1, plan.slabs),
+                      late)
 
 
 def servers_for(t, single_t, cap: int, units: int):

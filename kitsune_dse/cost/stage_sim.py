@@ -44,6 +44,8 @@ class StageShape:
     slots: tuple[int, ...]        # per step: row-blocks its output ring to the next step holds
     rb_per_unit: int = 1          # runtime row-blocks per hand-off unit of the plan
     slabs: int = 1                # hand-off units per row-block when it is handed over in slabs
+    late_slot_wait: tuple[bool, ...] = ()   # per step: it waits for its output slot only before
+                                  # its epilogue (a GEMM), not before it starts
 
 
 _CACHE: dict = {}
@@ -109,19 +111,21 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
             pidx = base + (((off[:, :, None] + i) % Wc + half) % Wc)
             lone = np.where(has, np.where(m == 1, tau[K + k][:, None], busy), -np.inf)
             alone = (pidx, mate_here, lone)
-        steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0, alone))
+        late = bool(shape.late_slot_wait[k]) if k < len(shape.late_slot_wait) else False
+        steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0, alone, late))
     zero = np.zeros((n_s, 1))
     for rb in range(Rs):
         row = done[rb]
-        for k, (idx, busy, slots, alone) in enumerate(steps):
+        for k, (idx, busy, slots, alone, late) in enumerate(steps):
             if k > 0:
                 ready = row[k - 1][:, None] + step_sync[k]
             elif rb >= look:
                 ready = done[rb - look, K - 1][:, None] + sync_s
             else:
                 ready = zero
-            if slots and rb >= slots:
-                ready = np.maximum(ready, done[rb - slots, k + 1][:, None] + sync_s)
+            slot = done[rb - slots, k + 1][:, None] + sync_s if slots and rb >= slots else None
+            if slot is not None and not late:
+                ready = np.maximum(ready, slot)
             at = idx[rb]
             end = np.maximum(free[at], ready)
             if alone is None:
@@ -130,6 +134,8 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
                 pidx, mate_here, lone = alone
                 paired = mate_here | (free[pidx[rb]] > end)
                 end += np.where(paired, busy, lone)
+            if slot is not None and late:
+                end = np.maximum(end, slot)
             free[at] = end
             row[k] = _max_reduce(end, axis=1)
     # the stage ends with its last item (a later row-block may finish before an earlier one)
