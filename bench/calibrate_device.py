@@ -179,6 +179,12 @@ PIPE_DIAG = [
     ("gemm epilogue", "mmsilu", (16384, 3072, 768), 132, True),
     ("gemm epilogue", "mmrelu", (16384, 3072, 768), 132, True),
     ("gemm epilogue", "mmgelu", (16384, 1024, 256), 132, True),
+    # a residual input read in the epilogue (BERT's and ln-residual's second GEMM)
+    ("gemm epilogue input", "mmadd", (16384, 768, 3072), 132, True),
+    ("gemm epilogue input", "mmadd", (16384, 3072, 768), 132, True),
+    ("gemm epilogue input", "mmadd", (4096, 4096, 4096), 132, True),
+    ("gemm epilogue input", "mmadd", (16384, 1024, 256), 132, True),
+    ("gemm epilogue input", "matmul", (16384, 768, 3072), 132, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
@@ -594,6 +600,12 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             tf = fit_transcendental(spec_from_dict(data, name), epi_rows)
             data["transcendental_flops"] = tf["transcendental_flops"]
             cal["transcendental_fit"] = tf
+        ein = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm epilogue input" and r.get("time_s")]
+        if sp is harness and ein:
+            from kitsune_dse.calibrate.fit import fit_epilogue_input
+            ei = fit_epilogue_input(spec_from_dict(data, name), ein)
+            data["epilogue_input_s"] = ei["epilogue_input_s"]
+            cal["epilogue_input_fit"] = ei
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:

@@ -157,3 +157,18 @@ def test_fit_row_load_recovers_the_truth():
     fit = fit_row_load(CAL.model_copy(update={"persistent_row_load_slowdown": 0.0}), rows)
     assert fit["persistent_row_load_slowdown"] == pytest.approx(1.5, rel=0.05)
     assert np.isfinite(fit["rms_rel_error"])
+
+
+
+def test_a_residual_read_in_the_epilogue_costs_its_tiles_a_wait():
+    from kitsune_dse.cost.pipeline import _epilogue_inputs
+    g, _ = case_model("mmadd", "fp16", (16384, 1024, 256))
+    assert _epilogue_inputs(g, ("mm", "res"), g.op("mm").info.gemm) == 1
+    g2, _ = case_model("mmrelu", "fp16", (16384, 1024, 256))
+    assert _epilogue_inputs(g2, ("mm", "act"), g2.op("mm").info.gemm) == 0
+    # 1024 output tiles on 132 SMs, compute bound: each SM's 8 tiles (ceil(1024 / 132)) wait
+    # the epilogue's loads once each
+    sp = CAL.model_copy(update={"epilogue_input_s": 0.0})
+    t0 = one_stage_time(sp, "mmadd", (16384, 1024, 256), 132)
+    t1 = one_stage_time(sp.model_copy(update={"epilogue_input_s": 2e-6}), "mmadd", (16384, 1024, 256), 132)
+    assert t1 - t0 == pytest.approx(8 * 2e-6, rel=0.2)

@@ -218,6 +218,13 @@ def fit_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
                     lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
 
 
+def fit_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
+    """Per tile and full input a persistent GEMM's epilogue reads (a residual add): one-stage
+    GEMMs with and without one, of four shapes."""
+    return _fit_one(spec, rows, "epilogue_input_s", 1e-6, 1.0, 0.0, 50.0,
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
+
+
 def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:
     """How much a row-op stage's stream slows as the chip loads: two-stage pipelines of a GEMM
     feeding a softmax through a ring (attention's scores), against the row op alone."""

@@ -247,7 +247,7 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
-                          gemm_n=gd.n, **rr)
+                          gemm_n=gd.n, epilogue_inputs=_epilogue_inputs(g, atom, gd), **rr)
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     # (narrow rows stream as fast per byte as wide ones: softmax of 1024 and of 4096 columns
     # within 2% at 68 SMs once the runtime stopped visiting others' row-blocks, harness v4)
@@ -256,6 +256,15 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
                       row_op=bool(rows_ops),
                       concat=any(g.op(o).kind == "concat" for o in atom), **rr)
+
+
+def _epilogue_inputs(g, atom, gd) -> int:
+    """Full [rows, cols] tensors a GEMM group's epilogue reads from outside the group (a
+    residual; not a bias vector)."""
+    made = {t for o in atom for t in g.op(o).outputs}
+    full = gd.batch * gd.m * gd.n
+    return len({t for o in atom if g.op(o).info.gemm is None for t in g.op(o).inputs
+                if t not in made and len(g.tensors[t].shape) >= 2 and g.tensors[t].numel >= full})
 
 
 def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:

@@ -45,6 +45,8 @@ class KernelWork:
     # pass (already in dram_read_bytes) over `rbs` runtime row-blocks of `items_per_rb` items;
     # the workers (ctas_per_sm per SM) share a pass among the row-blocks they hold at once
     row_op: bool = False           # reduces over rows (softmax, norms): a persistent step's own stream rate
+    epilogue_inputs: int = 0       # GEMM step: full [rows, cols] inputs its epilogue reads (a
+                                   # residual): each tile waits out their loads
     concat: bool = False           # concatenates (a persistent step's own stream rate, through its SMs)
     weight_pass_bytes: float = 0.0
     grid_reread_bytes: float = 0.0  # of dram_read_bytes: operand tiles later waves of this tile's
@@ -313,7 +315,8 @@ def _tile_fixed(work: KernelWork, spec: HwSpec, used=None):
         # Traced: gpt3 t64's split_k consumer took 346 us for its last K range (77 slabs) after
         # the producer ended, 1.8x the same GEMM's time per K step without the waits
         polls = work.slab_polls * spec.sync_latency_s / max(1, work.ctas_per_sm)
-        fixed = _loaded_tile_fixed(work, spec, used) * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+        fixed = (_loaded_tile_fixed(work, spec, used) + work.epilogue_inputs * spec.epilogue_input_s) \
+            * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
         return fixed / max(1, work.split_k) + polls
     return spec.gemm_standalone_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
 

@@ -136,6 +136,11 @@ class HwSpec(_Strict):
                                                 # A and B slices of every output tile; None: no cap)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
+    epilogue_input_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # per 128x128 tile of a persistent GEMM step and
+                                                # full input its epilogue reads (a residual): the
+                                                # loads' latency the tile waits out (calibrated on
+                                                # GEMMs with and without a residual add)
     transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # SIMT FLOP-equivalents of one special-function
                                                 # evaluation (a GELU's tanh, a SiLU's exp) in a

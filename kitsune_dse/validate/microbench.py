@@ -58,6 +58,12 @@ def case_model(kind: str, dtype: str, dims):
         d = {"name": f"{kind}{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
              "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"]},
                      {"name": "act", "kind": kind[2:], "inputs": ["c"], "outputs": ["out"]}]}
+    elif kind == "mmadd":   # (m, n, k): a GEMM whose epilogue adds a residual [m, n] input
+        m, n, k = dims
+        d = {"name": f"mmadd{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k], "r": [m, n]},
+             "weights": {"b": [k, n]},
+             "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"]},
+                     {"name": "res", "kind": "add", "inputs": ["c", "r"], "outputs": ["out"]}]}
     elif kind == "concat":  # (rows, c1, c2): two inputs side by side along the last axis
         r, c1, c2 = dims
         d = {"name": f"concat{r}x{c1}x{c2}", "dtype": dtype, "inputs": {"x": [r, c1], "y": [r, c2]},
