@@ -137,6 +137,10 @@ PIPE_DIAG = [
     ("gemm chain one stage", "chain", (2048, 1024, 5), 132, True, 2048),
     ("gemm chain one stage", "chain", (2048, 512, 5), 132, True, 2048),
     ("gemm chain one stage", "chain", (2048, 1024, 3), 66, True, 2048),
+    # narrow layers, many row-blocks (NeRF's stages: 256-wide layers, 2 tiles per row-block)
+    ("gemm chain one stage", "chain", (65536, 256, 3), 33, True, 1024),
+    ("gemm chain one stage", "chain", (65536, 256, 3), 132, True, 128),
+    ("gemm chain one stage", "chain", (16384, 512, 3), 66, True, 1024),
     # row ops (two passes over each row by a team's warps) as one-stage kernels
     ("row op", "layernorm", (4096, 4096), 4, True),
     ("row op", "layernorm", (4096, 4096), 16, True),
@@ -185,6 +189,12 @@ PIPE_DIAG = [
     ("gemm epilogue input", "mmadd", (4096, 4096, 4096), 132, True),
     ("gemm epilogue input", "mmadd", (16384, 1024, 256), 132, True),
     ("gemm epilogue input", "matmul", (16384, 768, 3072), 132, True),
+    # a bias vector in the epilogue (every MLP layer of the suite)
+    ("gemm epilogue bias", "mmbias", (16384, 768, 3072), 132, True),
+    ("gemm epilogue bias", "mmbias", (2048, 1024, 1024), 60, True),
+    ("gemm epilogue bias", "mmbias", (65536, 256, 256), 132, True),
+    ("gemm epilogue bias", "mmrelu", (2048, 1024, 1024), 60, True),
+    ("gemm epilogue bias", "mmrelu", (65536, 256, 256), 132, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 

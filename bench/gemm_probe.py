@@ -54,32 +54,41 @@ CASES = [
 ]
 
 
-def variants(info):
+def variants(info, cases=None):
     from calibrate_device import pipe_region
 
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.runtime import PipelineVariant, Tensors
     out = []
-    for series, dims, sms, flush in CASES:
+    for series, dims, sms, flush in cases or CASES:
         g, region = pipe_region("matmul", dims, sms)
         reg = Region(g, region)
         out.append((series, dims, sms, flush, reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
     return out
 
 
-def precompile(arch: str = "sm_90", sms: int = 132) -> None:
+def parse_cases(specs: list[str]):
+    """--case M,N,K@SMS (cold L2) instead of the built-in series."""
+    out = []
+    for c in specs:
+        dims, sms = c.split("@")
+        out.append(("case", tuple(int(x) for x in dims.split(",")), int(sms), True))
+    return out or None
+
+
+def precompile(arch: str = "sm_90", sms: int = 132, cases=None) -> None:
     from precompile import compile_one
 
     from kitsune_dse.validate.plan import DeviceInfo
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch=arch, sm_count=sms)
-    srcs = list(dict.fromkeys(v.build() for *_, v in variants(info)))
+    srcs = list(dict.fromkeys(v.build() for *_, v in variants(info, cases)))
     out = ROOT / "bench/.cubin_cache"
     out.mkdir(parents=True, exist_ok=True)
     for s in srcs:
         print(compile_one(s, arch, out)[:200], flush=True)
 
 
-def measure(out: Path, runs: int) -> None:
+def measure(out: Path, runs: int, cases=None) -> None:
     import cupy as cp
 
     from kitsune_dse.validate.harness import check_variant
@@ -91,7 +100,7 @@ def measure(out: Path, runs: int) -> None:
     flusher = L2Flusher()
     rows = []
     with stream:
-        for series, dims, sms, flush, reg, v in variants(info):
+        for series, dims, sms, flush, reg, v in variants(info, cases):
             m, n, k = dims
             row = {"series": series, "dims": list(dims), "sms": sms, "l2_flushed": flush}
             try:
@@ -112,7 +121,7 @@ def measure(out: Path, runs: int) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "gemm_probe.json").write_text(json.dumps(
         {"env": env, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs,
-         "command": "python3 bench/gemm_probe.py --out $OUT --runs %d" % runs, "rows": rows}, indent=1))
+         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
     print(f"{'series':22s} {'m x n x k':>18s} {'SMs':>4s} {'time us':>9s} {'items':>6s} {'us/item/worker':>15s}")
     for r in rows:
         if "time_s" not in r:
@@ -127,11 +136,13 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--case", action="append", default=[], help="M,N,K@SMS instead of the built-in series")
     a = ap.parse_args()
+    cases = parse_cases(a.case)
     if a.precompile:
-        precompile()
+        precompile(cases=cases)
     else:
-        measure(Path(a.out), a.runs)
+        measure(Path(a.out), a.runs, cases)
 
 
 if __name__ == "__main__":
