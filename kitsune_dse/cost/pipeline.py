@@ -735,7 +735,7 @@ def dram_floor_s(region: Region, spec: HwSpec, plan: StagePlan, used) -> float |
 
 def _works_at_plan_load(region: Region, spec: HwSpec, plan: StagePlan):
     """stage_works at the chip load the plan's own SM split gives (the search's tables and
-    floor take it from the plan they probe; cost.pipeline solves it for every plan)."""
+    floor take it from the plan they probe; cost.pipeline takes it from the plan it prices)."""
     works, totals = stage_works(region, spec, plan)
     load = chip_load(works, plan, spec)
     return (_with_load(works, load) if load >= 0 else works), totals
