@@ -268,8 +268,10 @@ def _epilogue_inputs(g, atom, gd) -> int:
 
 
 def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:
-    """Stage j's groups that write its output queue are all GEMMs the runtime runs whole (not
-    split along K: no split_k input), which wait for their ring slot only before the epilogue."""
+    """Stage j's groups that write its output queue are all GEMMs, which wait for their ring
+    slot only before their epilogue. Not for a stage fed by a split_k queue: its GEMM also
+    waits for slabs, and pricing it so (suite run of 17:51 UTC) made dlrm's explorer pick a
+    split_k pipeline predicted at 75 us that ran 116."""
     if j > 0 and c.modes[j - 1] == "split_k":
         return False
     later = {o for st in c.stages[j + 1:] for o in st}
@@ -557,7 +559,8 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
         slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
     look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
     # a GEMM step waits for its ring slot to the next step only before its epilogue (harness
-    # version 5); the first step of a stage fed by a split_k queue splits K and waits first
+    # versions 5 and 6); the first step of a stage fed by a split_k queue is priced waiting
+    # first (see _gemm_writes_ring)
     j = next((i for i, st in enumerate(c.stages) if atoms[0][0] in st), 0)
     late = tuple(any(g.op(o).info.gemm is not None for o in atom)
                  and not (k == 0 and j > 0 and c.modes[j - 1] == "split_k")

@@ -489,9 +489,10 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
              + (f" if (nx_{st.sid} >= {st.items}) {{ rb_{st.sid} += nx_{st.sid} / {st.items}; nx_{st.sid} %= {st.items}; }}"
                 if st.items < S else "")]
         # a GEMM producer waits for its output slot just before the epilogue that writes it (its
-        # main loop runs while the consumer still reads the slot's previous generation); other
-        # steps write as they go and wait first (harness version 5)
-        defer = g.kind == "gemm" and st.ksplit == 1
+        # main loop runs while the consumer still reads the slot's previous generation; split
+        # along K, only the team that sums the partials waits, before the sum): harness
+        # versions 5 and 6. Other steps write as they go and wait first
+        defer = g.kind == "gemm"
         deferred = []
         for t, ring in rings_out.items():
             if ring.direct:
@@ -540,13 +541,22 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                          f"hook_0.tid = tm.tid; hook_0.bad = false;")
             else:
                 L.append("        NoWait hook_0;")
+            # the slot waits wrap the main-loop hook (one K range: before gemm_tile's epilogue),
+            # or a hook of their own that the team summing a tile's partials calls first
+            base = "hook" if st.ksplit == 1 else "slot"
+            if st.ksplit > 1:
+                L.append("        NoWait slot_0;")
             for n, (t, ring, tgt) in enumerate(deferred, 1):
-                h = f"hook_{n}"
-                L.append(f"        SlotWait<decltype(hook_{n - 1})> {h}; {h}.inner = hook_{n - 1}; "
+                h = f"{base}_{n}"
+                L.append(f"        SlotWait<decltype({base}_{n - 1})> {h}; {h}.inner = {base}_{n - 1}; "
                          f"{h}.flag = ctrl + {ring.empty_off} + rb % {ring.nslots}; {h}.target = (rb / {ring.nslots}) * {tgt}u; "
                          f"{h}.ctrl = ctrl; {h}.timeout_ns = tmo; {h}.what = {ring.rid}u; {h}.rb = rb; {h}.who = who; "
                          f"{h}.done = false;  // slot of {t!r} free, before the epilogue")
-            L.append(f"        const auto& hook = hook_{len(deferred)};")
+            if st.ksplit == 1:
+                L.append(f"        const auto& hook = hook_{len(deferred)};")
+            else:
+                L.append("        const auto& hook = hook_0;")
+                L.append(f"        const auto& slotw = slot_{len(deferred)};")
             L.append(f"        for (; i < {st.items}; i += {S}) {{")
             if st.ksplit == 1:
                 L.append(f"            gemm_tile<{cfg['type']}>(A, {g.k}, rows_valid, B0, "
@@ -565,8 +575,8 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                       "            int last = 0;",
                       f"            if (tm.tid == 0) last = atom_add_acq_rel(ctrl + {st.fix_off} + (rb % {st.ws_slots}) * {st.n_tiles} + nt, 1u) + 1u "
                       f"== (u32)(rb / {st.ws_slots} + 1) * {st.ksplit}u;",
-                      f"            if (team_or(tm, last)) splitk_fixup<{g.nb}>({ws}, {st.ksplit}, {bm}, {g.cols}, rows_valid, "
-                      f"nt * {st.bn}, {st.bn}, f, tm);"]
+                      f"            if (team_or(tm, last)) {{ slotw.before_epilogue(tm); splitk_fixup<{g.nb}>({ws}, {st.ksplit}, {bm}, "
+                      f"{g.cols}, rows_valid, nt * {st.bn}, {st.bn}, f, tm); }}"]
         elif g.kind == "ew":
             L.append(f"        for (; i < {st.items}; i += {S}) {{")
             L.append(f"            ew_tile(f, rows_valid, i * {st.bn}, min({g.cols}, (i + 1) * {st.bn}), tm);")
