@@ -200,16 +200,17 @@ def _sms_streaming(work: KernelWork, s):
 
 
 def _streams_l2_bytes(work: KernelWork, spec: HwSpec) -> bool:
-    """A persistent row-op step loads and stores every byte through its SMs at its calibrated
-    per-SM rate, ring (L2) bytes as well as DRAM ones (its rows are latency-bound passes)."""
+    """A persistent row-op or concat step loads and stores every byte through its SMs at its
+    calibrated per-SM rate, ring (L2) bytes as well as DRAM ones (latency-bound passes)."""
     return bool(work.persistent and work.l2_bytes and (
         (work.row_op and spec.persistent_row_sm_stream_Bps)
         or (work.concat and spec.persistent_concat_sm_stream_Bps)))
 
 
 def _sm_stream(work: KernelWork, spec: HwSpec) -> float | None:
-    """A persistent GEMM or row-op step's DRAM stream per SM (calibrated apart: latency-bound
-    tile loads, and rows read twice by a team's warps, well below a streaming kernel's)."""
+    """A persistent GEMM, row-op or concat step's DRAM stream per SM (calibrated apart:
+    latency-bound tile loads, rows read twice by a team's warps, one load per concatenated
+    vector; all well below a streaming kernel's)."""
     if not work.persistent:
         return None
     if _is_gemm(work):

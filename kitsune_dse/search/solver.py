@@ -19,9 +19,9 @@ T_j = sum_s stage_tables[j][s] * y[j][s], unit latencies L_j = sum_s (stage_serv
     L = max(sum_j L_j - M + (U - 1) * B + (J - 1) * sync,  F(sum_j s_j)) + launch,  M <= L_j - T_j,
 the tandem queue's makespan (the first unit's trip, U - 1 periods; a stage's own overlap of its
 last units, M, at most the least of any stage: candidates.closed_form_span; one stage: U * T),
-with F the DRAM floor: the region's
-DRAM bytes over the HBM bandwidth its SMs reach (cost.pipeline.pipeline stretches stage times
-the same way), a FLOOR_STEPS-step function of the SMs used (booleans u_k => sum s >= step k).
+with F the DRAM floor: cost.pipeline.dram_floor_s (the region's DRAM bytes over the HBM
+bandwidth its SMs reach, and every step's stream floor; cost.pipeline.pipeline stretches stage
+times to the same), a FLOOR_STEPS-step function of the SMs used (booleans u_k => sum s >= step k).
 Each queue q takes a depth d_q in {1, 2, 4, 8} ring slots (row-blocks; booleans z) and paces
 the pipeline: (d_q * slabs - slabs + 1) * B >= L_{q+1} + 2 * sync (a slot is freed one hand-off
 after its consumer finishes the row-block's last slab and refilled one hand-off later;
