@@ -469,6 +469,30 @@ def l2_refit(raw: dict, p: float) -> dict:
             "rel_error_by_sms": {int(a): round(float(b), 3) for a, b in zip(S, rel)}}
 
 
+# one-parameter fits on the PIPE_DIAG probes of one label (calibrate.fit): (label, fit function
+# name, the spec field it sets, cal key)
+ONE_PARAMETER_FITS = [
+    ("gemm epilogue", "fit_transcendental", "transcendental_flops", "transcendental_fit"),
+    ("gemm epilogue input", "fit_epilogue_input", "epilogue_input_s", "epilogue_input_fit"),
+    ("concat", "fit_concat_stream", "persistent_concat_sm_stream_Bps", "concat_fit"),
+    ("ring pair", "fit_ring_handoff", "ring_handoff_s", "ring_handoff_fit"),
+    ("ring pair row", "fit_row_load", "persistent_row_load_slowdown", "row_load_fit"),
+]
+
+
+def _fit_one_field(raw: dict, label: str, fit_fn: str, field: str, key: str, data: dict, cal: dict,
+                   name: str) -> None:
+    """Fit one spec field on the pipe probes of `label` (if any), into data and cal[key]."""
+    from kitsune_dse.calibrate import fit as fits
+    from kitsune_dse.hw.spec import spec_from_dict
+    rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == label and r.get("time_s")]
+    if not rows:
+        return
+    res = getattr(fits, fit_fn)(spec_from_dict(data, name), rows)
+    data[field] = res[field]
+    cal[key] = res
+
+
 def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw_specs") -> None:
     """Here (pydantic): the two calibrated specs from one raw JSON, or from the median of
     several (calibrate.fit.merge_raw: repeated calibrations on the lent machine instances)."""
@@ -605,18 +629,9 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"]["mem_compute_overlap"] = pf["mem_compute_overlap"]
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
-        epi_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm epilogue" and r.get("time_s")]
-        if sp is harness and epi_rows:
-            from kitsune_dse.calibrate.fit import fit_transcendental
-            tf = fit_transcendental(spec_from_dict(data, name), epi_rows)
-            data["transcendental_flops"] = tf["transcendental_flops"]
-            cal["transcendental_fit"] = tf
-        ein = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm epilogue input" and r.get("time_s")]
-        if sp is harness and ein:
-            from kitsune_dse.calibrate.fit import fit_epilogue_input
-            ei = fit_epilogue_input(spec_from_dict(data, name), ein)
-            data["epilogue_input_s"] = ei["epilogue_input_s"]
-            cal["epilogue_input_fit"] = ei
+        if sp is harness:   # one spec field each, fitted through the model in this order
+            for label, fit_fn, field, key in ONE_PARAMETER_FITS[:2]:
+                _fit_one_field(raw, label, fit_fn, field, key, data, cal, name)
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:
@@ -629,24 +644,9 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["persistent_row_sm_stream_Bps"] = rf["sm_stream_Bps"]
             data["persistent_row_item_fixed_s"] = rf["item_fixed_s"]
             cal["row_op_fit"] = rf
-        concat_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "concat" and r.get("time_s")]
-        if sp is harness and concat_rows:
-            from kitsune_dse.calibrate.fit import fit_concat_stream
-            cc = fit_concat_stream(spec_from_dict(data, name), concat_rows)
-            data["persistent_concat_sm_stream_Bps"] = cc["persistent_concat_sm_stream_Bps"]
-            cal["concat_fit"] = cc
-        ring_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "ring pair" and r.get("time_s")]
-        if sp is harness and ring_rows:
-            from kitsune_dse.calibrate.fit import fit_ring_handoff
-            rh = fit_ring_handoff(spec_from_dict(data, name), ring_rows)
-            data["ring_handoff_s"] = rh["ring_handoff_s"]
-            cal["ring_handoff_fit"] = rh
-        rrow = [r for r in raw.get("pipe_rows", []) if r.get("label") == "ring pair row" and r.get("time_s")]
-        if sp is harness and rrow:
-            from kitsune_dse.calibrate.fit import fit_row_load
-            rl = fit_row_load(spec_from_dict(data, name), rrow)
-            data["persistent_row_load_slowdown"] = rl["persistent_row_load_slowdown"]
-            cal["row_load_fit"] = rl
+        if sp is harness:
+            for label, fit_fn, field, key in ONE_PARAMETER_FITS[2:]:
+                _fit_one_field(raw, label, fit_fn, field, key, data, cal, name)
         probes = [r for r in raw.get("tilesync_probe_rows", []) if r.get("plain_s") and r.get("both_s")]
         if sp is harness and probes:
             hf = fit_tile_handoff(spec_from_dict(data, name), probes)
