@@ -184,6 +184,12 @@ PIPE_DIAG = [
     ("gemm epilogue", "mmsilu", (16384, 3072, 768), 132, True),
     ("gemm epilogue", "mmrelu", (16384, 3072, 768), 132, True),
     ("gemm epilogue", "mmgelu", (16384, 1024, 256), 132, True),
+    ("gemm epilogue", "mmrelu", (16384, 1024, 256), 132, True),     # its reference (session 9)
+    # a GELU after a bias (an MLP's first layer) and its reference, bias + ReLU (session 9)
+    ("gemm epilogue", "mmbiasgelu", (16384, 3072, 768), 132, True),
+    ("gemm epilogue", "mmbias", (16384, 3072, 768), 132, True),
+    ("gemm epilogue", "mmbiasgelu", (16384, 1024, 256), 132, True),
+    ("gemm epilogue", "mmbias", (16384, 1024, 256), 132, True),
     # a residual input read in the epilogue (BERT's and ln-residual's second GEMM)
     ("gemm epilogue input", "mmadd", (16384, 768, 3072), 132, True),
     ("gemm epilogue input", "mmadd", (16384, 3072, 768), 132, True),
@@ -234,6 +240,10 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
     from kitsune_dse.validate.microbench import chain_variants, kernel_chain_variants, probe_variants
     for _, _, _, vs in probe_variants(info) + chain_variants(info) + kernel_chain_variants(info):
         srcs += [v.build() for v in vs]
+    from region_boundary import boundary_variants
+    srcs += [v.build() for *_, sides in boundary_variants(info) for _, v in sides]
+    from epilogue_probe import variants as epilogue_variants
+    srcs += [v.build() for *_, f, _, p in epilogue_variants(info) for v in (f, p)]
     srcs = list(dict.fromkeys(srcs))
     out = ROOT / "bench/.cubin_cache"
     out.mkdir(parents=True, exist_ok=True)
@@ -399,6 +409,20 @@ def device(out: Path, runs: int, smoke: str) -> None:
     except Exception:  # noqa: BLE001
         raw["probe_error"] = traceback.format_exc()
         log("probes FAILED\n" + raw["probe_error"])
+    dump()
+    try:
+        from epilogue_probe import measure as measure_epilogues
+        raw["epilogue_rows"] = measure_epilogues(max(5, runs), log)
+    except Exception:  # noqa: BLE001
+        raw["epilogue_error"] = traceback.format_exc()
+        log("epilogues FAILED\n" + raw["epilogue_error"])
+    dump()
+    try:
+        from region_boundary import measure_boundaries
+        raw["boundary_rows"] = measure_boundaries(max(5, runs), log)
+    except Exception:  # noqa: BLE001
+        raw["boundary_error"] = traceback.format_exc()
+        log("boundaries FAILED\n" + raw["boundary_error"])
     raw["elapsed_s"] = time.time() - t0
     dump()
     log(f"calibration done -> {raw_path}")
@@ -470,10 +494,11 @@ def l2_refit(raw: dict, p: float) -> dict:
 
 
 # one-parameter fits on the PIPE_DIAG probes of one label (calibrate.fit): (label, fit function
-# name, the spec field it sets, cal key)
+# name, the spec field it sets, cal key[, the kind of the reference cases it may also take from
+# other labels: the same GEMM without the priced cost, measured there])
 ONE_PARAMETER_FITS = [
-    ("gemm epilogue", "fit_transcendental", "transcendental_flops", "transcendental_fit"),
-    ("gemm epilogue input", "fit_epilogue_input", "epilogue_input_s", "epilogue_input_fit"),
+    ("gemm epilogue", "fit_transcendental", "transcendental_flops", "transcendental_fit", ("mmrelu", "mmbias")),
+    ("gemm epilogue input", "fit_epilogue_input", "epilogue_input_s", "epilogue_input_fit", ("matmul",)),
     ("concat", "fit_concat_stream", "persistent_concat_sm_stream_Bps", "concat_fit"),
     ("ring pair", "fit_ring_handoff", "ring_handoff_s", "ring_handoff_fit"),
     ("ring pair row", "fit_row_load", "persistent_row_load_slowdown", "row_load_fit"),
@@ -481,13 +506,17 @@ ONE_PARAMETER_FITS = [
 
 
 def _fit_one_field(raw: dict, label: str, fit_fn: str, field: str, key: str, data: dict, cal: dict,
-                   name: str) -> None:
-    """Fit one spec field on the pipe probes of `label` (if any), into data and cal[key]."""
+                   name: str, ref_kinds: tuple[str, ...] = ()) -> None:
+    """Fit one spec field on the pipe probes of `label` (if any), into data and cal[key]; the
+    probes of `ref_kinds` under other labels come after them (references only)."""
     from kitsune_dse.calibrate import fit as fits
     from kitsune_dse.hw.spec import spec_from_dict
     rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == label and r.get("time_s")]
     if not rows:
         return
+    if ref_kinds:
+        rows += [r for r in raw.get("pipe_rows", []) if r.get("label") != label and r.get("kind") in ref_kinds
+                 and r.get("time_s") and r.get("correct", True)]
     res = getattr(fits, fit_fn)(spec_from_dict(data, name), rows)
     data[field] = res[field]
     cal[key] = res
@@ -567,6 +596,12 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                 graphs = fit_kernel_chain(raw["kernel_chain_rows"], key="graphs_s")
                 data["region_gap_s"] = max(0.0, graphs["per_kernel_s"] - chain["per_kernel_s"])
                 data["calibration"]["kernel_chain_graphs_fit"] = dict(graphs)
+        if sp is harness and raw.get("boundary_rows"):
+            # region A then region B against each alone: what a boundary hides, measured
+            from kitsune_dse.calibrate.fit import fit_region_boundaries
+            bnd = fit_region_boundaries(raw["boundary_rows"])
+            data["region_boundary_hidden_s"] = bnd["region_boundary_hidden_s"]
+            data.setdefault("calibration", {})["region_boundary_fit"] = bnd
         data["name"] = name
         eff = dict(data["efficiency"])
         data["l2_per_sm_bandwidth_Bps"] = l2["per_sm_Bps"]
@@ -630,8 +665,14 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
         if sp is harness:   # one spec field each, fitted through the model in this order
-            for label, fit_fn, field, key in ONE_PARAMETER_FITS[:2]:
-                _fit_one_field(raw, label, fit_fn, field, key, data, cal, name)
+            for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[:2]:
+                _fit_one_field(raw, label, fit_fn, field, key, data, cal, name, *ref)
+        if sp is harness and raw.get("epilogue_rows"):
+            # the same epilogues in standalone fused kernels (bench/epilogue_probe.py)
+            from kitsune_dse.calibrate.fit import fit_standalone_transcendental
+            st = fit_standalone_transcendental(spec_from_dict(data, name), raw["epilogue_rows"])
+            data["standalone_transcendental_flops"] = st["standalone_transcendental_flops"]
+            cal["standalone_transcendental_fit"] = st
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:
@@ -645,8 +686,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["persistent_row_item_fixed_s"] = rf["item_fixed_s"]
             cal["row_op_fit"] = rf
         if sp is harness:
-            for label, fit_fn, field, key in ONE_PARAMETER_FITS[2:]:
-                _fit_one_field(raw, label, fit_fn, field, key, data, cal, name)
+            for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[2:]:
+                _fit_one_field(raw, label, fit_fn, field, key, data, cal, name, *ref)
         probes = [r for r in raw.get("tilesync_probe_rows", []) if r.get("plain_s") and r.get("both_s")]
         if sp is harness and probes:
             hf = fit_tile_handoff(spec_from_dict(data, name), probes)

@@ -60,19 +60,24 @@ def variants(info, cases=None):
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.runtime import PipelineVariant, Tensors
     out = []
-    for series, dims, sms, flush in cases or CASES:
-        g, region = pipe_region("matmul", dims, sms)
+    for series, dims, sms, flush, *rest in cases or CASES:
+        kind, rows = (rest + ["matmul", 128])[:2] if rest else ("matmul", 128)
+        g, region = pipe_region(kind, dims, sms, rows)
         reg = Region(g, region)
         out.append((series, dims, sms, flush, reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
     return out
 
 
 def parse_cases(specs: list[str]):
-    """--case M,N,K@SMS (cold L2) instead of the built-in series."""
+    """--case [KIND:]M,N,K@SMS[/rROWS] (cold L2) instead of the built-in series: KIND a
+    microbench.case_model GEMM kind (matmul, mmrelu, mmgelu, ...), ROWS the plan's tile rows."""
     out = []
     for c in specs:
+        kind, _, c = c.rpartition(":")
+        c, _, rows = c.partition("/r")
         dims, sms = c.split("@")
-        out.append(("case", tuple(int(x) for x in dims.split(",")), int(sms), True))
+        out.append(("case", tuple(int(x) for x in dims.split(",")), int(sms), True, kind or "matmul",
+                    int(rows or 128)))
     return out or None
 
 
@@ -100,9 +105,11 @@ def measure(out: Path, runs: int, cases=None) -> None:
     flusher = L2Flusher()
     rows = []
     with stream:
-        for series, dims, sms, flush, reg, v in variants(info, cases):
+        for (series, dims, sms, flush, reg, v), case in zip(variants(info, cases), cases or CASES):
             m, n, k = dims
             row = {"series": series, "dims": list(dims), "sms": sms, "l2_flushed": flush}
+            if len(case) > 4:
+                row.update(kind=case[4], tile_rows=case[5])
             try:
                 v.prepare()
                 chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
@@ -127,7 +134,8 @@ def measure(out: Path, runs: int, cases=None) -> None:
         if "time_s" not in r:
             print(f"{r['series']:22s} {'x'.join(map(str, r['dims'])):>18s} {r['sms']:4d} {r['error']}")
             continue
-        print(f"{r['series']:22s} {'x'.join(map(str, r['dims'])):>18s} {r['sms']:4d} {r['time_s'] * 1e6:9.1f} "
+        print(f"{r.get('kind', '') + ' r' + str(r.get('tile_rows', 128)) if r['series'] == 'case' else r['series']:22s} "
+              f"{'x'.join(map(str, r['dims'])):>18s} {r['sms']:4d} {r['time_s'] * 1e6:9.1f} "
               f"{r['items']:6d} {r['item_s_per_worker'] * 1e6:15.2f} {'' if r['correct'] else 'WRONG'}")
 
 

@@ -141,6 +141,24 @@ def fit_kernel_chain(rows: list[dict], key: str = "graph_s") -> dict:
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(pts)}
 
 
+def fit_region_boundaries(rows: list[dict]) -> dict:
+    """Region A then region B on one stream against each alone (bench/region_boundary.py):
+    hidden = a + b - ab is what B's run hides of its own launch behind A's. One figure for every
+    kind of boundary (graph or persistent kernel on either side: the H100's cases differ by
+    less than their noise, 0.2-1.3 us), their median; per kind for the record."""
+    pts = [(str(r.get("label", "")), float(r["a_s"]) + float(r["b_s"]) - float(r["ab_s"]))
+           for r in rows if r.get("ab_s") and r.get("correct", True)]
+    if not pts:
+        raise ValueError("no region-boundary case was measured")
+    hidden = np.array([h for _, h in pts])
+    by_kind: dict[str, list[float]] = {}
+    for k, h in pts:
+        by_kind.setdefault(k, []).append(h)
+    return {"region_boundary_hidden_s": float(max(0.0, np.median(hidden))), "points": len(pts),
+            "min_s": float(hidden.min()), "max_s": float(hidden.max()),
+            "median_by_kind_s": {k: float(np.median(v)) for k, v in sorted(by_kind.items())}}
+
+
 def check_finite(m: dict) -> None:
     for key in ("hbm_read", "l2_read"):
         for s, v in m[key]:
@@ -175,24 +193,51 @@ def ring_pair_time(spec: HwSpec, kind: str, dims, sms, dtype: str = "fp16", rows
     return pipeline(Region.of(g), spec, choice).latency_s
 
 
+def _case_key(r: dict) -> tuple:
+    return (json.dumps(r["dims"]), json.dumps(r["sms"]), r.get("tile_rows", 128), r.get("depth", 8))
+
+
 def _fit_one(spec: HwSpec, rows: list[dict], field: str, scale: float, x0: float, lo: float, hi: float,
-             time_of) -> dict:
+             time_of, refs: dict[str, str] | None = None) -> dict:
     """Least squares on the relative error of one spec field (in units of `scale`) through the
-    model (time_of(spec, row)); the residuals by case."""
-    meas = np.array([r["time_s"] for r in rows], float)
+    model (time_of(spec, row)); the residuals by case. With `refs` (a case's kind -> the kind
+    of its reference), a case that has a reference case (same dims, SMs, tile rows, depth: the
+    same GEMM without the cost the field prices) is fitted on its increment: the model's time
+    less the model's time of the reference, on the reference's measured time. The field then
+    prices what the two measurements differ by, not the base kernel's own residual (the GEMM
+    fit's, a few percent either way), which a one-parameter fit would otherwise absorb. Cases of
+    a reference kind only serve as references."""
+    refs = refs or {}
+    ref_kinds = set(refs.values()) - set(refs)
+    by_key: dict = {}
+    for r in rows:      # the first reference of a shape (the label's own before others')
+        if r["kind"] in ref_kinds:
+            by_key.setdefault((r["kind"],) + _case_key(r), r)
+    fitted = [r for r in rows if r["kind"] not in ref_kinds]
+    ref_of = [by_key.get((refs.get(r["kind"], ""),) + _case_key(r)) for r in fitted]
+    meas = np.array([r["time_s"] for r in fitted], float)
 
     def with_x(x):
         return spec.model_copy(update={field: float(x) * scale})
 
     def resid(x):
         sp = with_x(x[0])
-        return np.array([time_of(sp, r) for r in rows]) / meas - 1
+        out = []
+        for r, ref in zip(fitted, ref_of):
+            t = time_of(sp, r)
+            if ref is not None:
+                t = t - time_of(sp, ref) + ref["time_s"]
+            out.append(t)
+        return np.array(out) / meas - 1
     fit = least_squares(resid, [x0], bounds=([lo], [hi]), diff_step=1e-3)
     rel = resid(fit.x)
     return {field: float(fit.x[0]) * scale, "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
-            "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
-            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
-                                  for r, e in zip(rows, rel)}}
+            "max_rel_error": float(np.max(np.abs(rel))), "points": len(fitted),
+            **({"fitted_on": "increments over the reference case of the same shape where there is one: "
+                + ", ".join(f"{k} over {v}" for k, v in refs.items())} if refs else {}),
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}"
+                                  + ("" if ref is None else f" over {ref['kind']}"): round(float(e), 3)
+                                  for r, ref, e in zip(fitted, ref_of, rel)}}
 
 
 def fit_concat_stream(spec: HwSpec, rows: list[dict]) -> dict:
@@ -213,16 +258,45 @@ def fit_ring_handoff(spec: HwSpec, rows: list[dict]) -> dict:
 
 def fit_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
     """The SIMT FLOP-equivalents of one special-function evaluation, from one-stage GEMMs with a
-    GELU or SiLU epilogue (and a ReLU one, which has none) of the shapes the GEMM fit knows."""
+    GELU or SiLU epilogue of the shapes the GEMM fit knows, each on its increment over the same
+    GEMM with a ReLU epilogue (which has none)."""
     return _fit_one(spec, rows, "transcendental_flops", 1.0, 8.0, 0.0, 1000.0,
-                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs=EPILOGUE_REFS)
+
+
+# a GEMM with a special function in its epilogue -> the same GEMM without (the increment is
+# what the function costs)
+EPILOGUE_REFS = {"mmgelu": "mmrelu", "mmsilu": "mmrelu", "mmbiasgelu": "mmbias"}
+
+
+def fused_time(spec: HwSpec, kind: str, dims, dtype: str = "fp16") -> float:
+    """The model's time of a microbenchmark case as one standalone fused kernel (the case's
+    ops as a fusion region, launched as a CUDA graph)."""
+    from kitsune_dse.cost.region import Region
+    from kitsune_dse.cost.strategies import fusion
+    from kitsune_dse.validate.microbench import case_model
+    g, _ = case_model(kind, dtype, tuple(dims))
+    return fusion(Region.of(g), spec).latency_s
+
+
+def fit_standalone_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
+    """standalone_transcendental_flops: a special function in a standalone GEMM kernel's
+    epilogue, from bench/epilogue_probe.py's fused kernels (rows: kind, dims, fused_s), each
+    GELU/SiLU case on its increment over the same GEMM with a ReLU (with a bias: bias + ReLU)."""
+    kinds = set(EPILOGUE_REFS) | set(EPILOGUE_REFS.values())
+    pts = [{"kind": r["kind"], "dims": r["dims"], "sms": spec.sm_count, "time_s": r["fused_s"]}
+           for r in rows if r.get("kind") in kinds and r.get("fused_s") and r.get("fused_correct", True)]
+    if not any(p["kind"] in EPILOGUE_REFS for p in pts):
+        raise ValueError("no standalone GEMM with a GELU/SiLU epilogue was measured")
+    return _fit_one(spec, pts, "standalone_transcendental_flops", 1.0, 30.0, 0.0, 1000.0,
+                    lambda sp, r: fused_time(sp, r["kind"], r["dims"]), refs=EPILOGUE_REFS)
 
 
 def fit_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
     """Per tile and full input a persistent GEMM's epilogue reads (a residual add): one-stage
-    GEMMs with and without one, of four shapes."""
+    GEMMs with one, of four shapes, each on its increment over the same GEMM without."""
     return _fit_one(spec, rows, "epilogue_input_s", 1e-6, 1.0, 0.0, 50.0,
-                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs={"mmadd": "matmul"})
 
 
 def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:
@@ -445,7 +519,7 @@ def fit_tilesync_chains(spec: HwSpec, rows: list[dict]) -> dict:
             "chains": [r["dims"] for r in rows]}
 
 
-HARNESS_KEYS = ("pipe_", "tile_gemm_", "tile_rows", "tilesync_", "kernel_chain_")
+HARNESS_KEYS = ("pipe_", "tile_gemm_", "tile_rows", "tilesync_", "kernel_chain_", "boundary_", "epilogue_")
 
 
 def harness_version(raw: dict) -> int:

@@ -252,8 +252,8 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                 dram_write: float, l2_read: float, b_dram: float = 0.0, a_dram: float = 0.0) -> KernelWork:
     infos = [g.op(o).info for o in group]
     tensor = sum(i.flops for i in infos if i.unit == "tensor")
-    simt = simt_flops(infos, spec)
     gemms = [(o, i) for o, i in zip(group, infos) if i.gemm is not None]
+    simt = simt_flops(infos, spec, standalone_epilogue=bool(gemms))
     dtype = g.tensors[g.op(group[0]).outputs[0]].dtype
     if gemms:
         o, i = max(gemms, key=lambda x: x[1].flops)

@@ -88,9 +88,14 @@ class KernelWork:
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
 
 
-def simt_flops(infos, spec: HwSpec) -> float:
-    """SIMT FLOPs of a group's ops, their special functions priced by the spec."""
-    return sum(i.flops + i.transcendentals * spec.transcendental_flops for i in infos if i.unit == "simt")
+def simt_flops(infos, spec: HwSpec, standalone_epilogue: bool = False) -> float:
+    """SIMT FLOPs of a group's ops, their special functions priced by the spec: in a standalone
+    GEMM kernel's epilogue at its own price (standalone_transcendental_flops, partly hidden
+    under the SM's other CTA), elsewhere at the persistent epilogue's."""
+    price = spec.transcendental_flops
+    if standalone_epilogue and spec.standalone_transcendental_flops is not None:
+        price = spec.standalone_transcendental_flops
+    return sum(i.flops + i.transcendentals * price for i in infos if i.unit == "simt")
 
 
 def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):

@@ -58,12 +58,14 @@ def case_model(kind: str, dtype: str, dims):
         d = {"name": f"{kind}{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]}, "weights": {"b": [k, n]},
              "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b"], "outputs": ["c"]},
                      {"name": "act", "kind": kind[2:], "inputs": ["c"], "outputs": ["out"]}]}
-    elif kind == "mmbias":  # (m, n, k): a GEMM with a bias vector over N (and a ReLU)
+    elif kind in ("mmbias", "mmbiasgelu"):  # (m, n, k): a GEMM with a bias vector over N and a
+        # ReLU (mmbias) or a GELU (mmbiasgelu: an MLP's first layer)
         m, n, k = dims
-        d = {"name": f"mmbias{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]},
+        d = {"name": f"{kind}{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k]},
              "weights": {"b": [k, n], "bias": [n]},
              "ops": [{"name": "mm", "kind": "matmul", "inputs": ["a", "b", "bias"], "outputs": ["c"]},
-                     {"name": "act", "kind": "relu", "inputs": ["c"], "outputs": ["out"]}]}
+                     {"name": "act", "kind": "gelu" if kind == "mmbiasgelu" else "relu", "inputs": ["c"],
+                      "outputs": ["out"]}]}
     elif kind == "mmadd":   # (m, n, k): a GEMM whose epilogue adds a residual [m, n] input
         m, n, k = dims
         d = {"name": f"mmadd{m}x{n}x{k}", "dtype": dtype, "inputs": {"a": [m, k], "r": [m, n]},
