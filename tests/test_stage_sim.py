@@ -209,3 +209,52 @@ def test_bert_one_stage_replay_matches_the_gpu_trace():
     tau = np.array([[26.1e-6] * 3, [74.7e-6] * 3])
     span = makespan(shape, tau, workers, 0.53e-6)
     assert np.all((span > 2.9e-3) & (span < 3.4e-3)), span
+
+
+def test_the_input_slot_frees_when_its_reader_is_done():
+    # items (1, 1), 1 s each, 4 row-blocks, an input ring of one row-block (lookahead 1), 8
+    # workers, no hand-off latency. Freed only when the stage's last step is done with a
+    # row-block, the row-blocks run one after another: 8 s. Freed when step 0 (its only reader)
+    # is: row-block r's step 0 runs in [r, r + 1] and its step 1 in [r + 1, r + 2]: 5 s
+    last = StageShape(items=(1, 1), row_blocks=4, lookahead=1, slots=(2, 2))
+    first = StageShape(items=(1, 1), row_blocks=4, lookahead=1, slots=(2, 2), release_step=0)
+    tau = np.ones((2, 1))
+    assert makespan(last, tau, np.array([8]), 0.0).tolist() == [8.0]
+    assert makespan(first, tau, np.array([8]), 0.0).tolist() == [5.0]
+
+
+DLRM = load_model("dlrm-top-mlp")
+DLRM_2 = (("top_fc1", "top_relu1", "top_fc2", "top_relu2"),
+          ("top_fc3", "top_relu3", "top_fc4", "top_relu4", "top_fc5", "sigmoid"))
+
+
+def test_a_split_k_writer_finishes_a_row_blocks_slabs_together_when_its_items_fit():
+    # fc2's 2048-row block is 16 x 8 column tiles: 128 items fit 68 SMs' 136 workers, so both
+    # K slabs of the block are written at once (2 units per latency); on 16 SMs (32 workers)
+    # the items run in order and the slabs leave one after another
+    spec = load_spec("h100-sxm.calibrated")
+    region = Region.of(DLRM, [o for s in DLRM_2 for o in s])
+    for sms, want in (((68, 64), 2), ((16, 64), 1)):
+        est = pipeline(region, spec, PipelineChoice(DLRM_2, sms, 2048, (4,), ("split_k",)))
+        assert est.breakdown["slabs"] == 2
+        assert est.breakdown["stage_servers"][0] == want
+
+
+def test_a_several_step_stage_runs_as_many_units_side_by_side_as_its_first_takes_periods():
+    # the three-GEMM stage of dlrm's three-stage plan: one unit's trip through fc3 -> fc4 ->
+    # fc5 alone is several of its per-unit periods, so the queue model runs it on several
+    # servers (each unit's latency servers x period), no more than its rings admit
+    from kitsune_dse.cost.pipeline import stage_works
+    from kitsune_dse.cost.stage_sim import stage_unit_latency, stage_unit_time
+    spec = load_spec("h100-sxm.calibrated")
+    stages = (("top_fc1", "top_relu1"), ("top_fc2", "top_relu2"), DLRM_2[1])
+    region = Region.of(DLRM, [o for s in stages for o in s])
+    choice = PipelineChoice(stages, (40, 60, 32), 128, (4, 4), ("split_k", "split_k"))
+    plan = plan_stages(region, spec, choice)
+    works, totals = stage_works(region, spec, plan)
+    shape = totals["stage_shapes"][2]
+    t = stage_unit_time(list(works[2]), spec, 32, shape)
+    lat = stage_unit_latency(list(works[2]), spec, 32, shape)
+    assert lat > 4 * t
+    srv = pipeline(region, spec, choice).breakdown["stage_servers"][2]
+    assert 1 < srv <= totals["stage_inflight"][2]

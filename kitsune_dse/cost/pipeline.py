@@ -27,7 +27,7 @@ from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
-from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_time
+from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_latency, stage_unit_time
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
@@ -272,8 +272,6 @@ def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:
     slot only before their epilogue. Not for a stage fed by a split_k queue: its GEMM also
     waits for slabs, and pricing it so (suite run of 17:51 UTC) made dlrm's explorer pick a
     split_k pipeline predicted at 75 us that ran 116."""
-    if j > 0 and c.modes[j - 1] == "split_k":
-        return False
     later = {o for st in c.stages[j + 1:] for o in st}
     writers = [a for a in atoms if any(x in later for o in a for t in g.op(o).outputs for x in g.consumers(t))]
     return bool(writers) and all(any(g.op(o).info.gemm is not None for o in a) for a in writers)
@@ -346,7 +344,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
         "weights_resident": list(core.resident), "stage_shapes": list(core.shapes),
         "stage_single_works": list(core.single), "stage_inflight": list(core.inflight),
-        "stage_splitk": list(core.splitk)}
+        "stage_splitk": list(core.splitk), "stage_slab_writer": list(core.slab_writer)}
 
 
 @dataclass(frozen=True)
@@ -363,6 +361,8 @@ class _StageWorks:
     single: tuple[KernelWork | None, ...]   # one-step stages: the step on one unit alone
     inflight: tuple[int, ...]               # units a stage's rings let it hold at once
     splitk: tuple[dict | None, ...]         # one-step split_k consumers: what their K split needs
+    slab_writer: tuple[int | None, ...] = ()  # several-step stages writing a split_k queue: the
+                                            # items of their last step in one plan row-block
 
 
 def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
@@ -416,7 +416,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
         if j < J - 1 and not _gemm_writes_ring(g, c, j, stage_atoms[j]):
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
-    out, shapes, read_terms, single, splitk = [], [], [], [], []
+    out, shapes, read_terms, single, splitk, writers = [], [], [], [], [], []
     tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     rbs = runtime_row_blocks(plan)
@@ -506,12 +506,17 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
         if len(atoms) > 1:
             single.append(None)
             splitk.append(None)
+        writers.append(_atom_items(g, atoms[-1], bm, rbs) * rb_per_unit
+                       if len(atoms) > 1 and j < J - 1 and c.modes[j] == "split_k" and slabs > 1 else None)
         out.append(tuple(works))
         shapes.append(_stage_shape(region, plan, atoms, inflight[j]) if len(atoms) > 1 else None)
+    # a stage holds the units its rings admit (a several-step stage writing a split_k queue at
+    # least the slabs of one row-block, which it may finish together: _stage_ratio)
     return _StageWorks(tuple(out), tuple(shapes), tuple(read_terms), tot_w, queue_bytes, spill,
                        write_back, tuple(resident), tuple(single),
-                       tuple(i if len(a) == 1 else 1 for i, a in zip(inflight, stage_atoms)),
-                       tuple(splitk))
+                       tuple(i if len(a) == 1 or not w else max(i, slabs)
+                             for i, a, w in zip(inflight, stage_atoms, writers)),
+                       tuple(splitk), tuple(writers))
 
 
 # The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
@@ -563,10 +568,15 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
     # first (see _gemm_writes_ring)
     j = next((i for i, st in enumerate(c.stages) if atoms[0][0] in st), 0)
     late = tuple(any(g.op(o).info.gemm is not None for o in atom)
-                 and not (k == 0 and j > 0 and c.modes[j - 1] == "split_k")
                  for k, atom in enumerate(atoms))
+    # the stage's input ring frees a row-block's slot once the last step reading it is done with
+    # it (the runtime's "done with" arrive), not when the stage's last step is (traced: dlrm's
+    # fc3 -> fc4 -> fc5 stage ran 2 row-blocks per 16.5 us, 24.5 priced waiting for the last step)
+    earlier = {o for st in c.stages[:j] for o in st}
+    readers = [k for k, atom in enumerate(atoms)
+               if any(g.producer(t) in earlier for o in atom for t in g.op(o).inputs)]
     return StageShape(tuple(items), rbs, min(rbs, look), tuple(slots), rb_per_unit, max(1, plan.slabs),
-                      late)
+                      late, max(readers) if readers else -1)
 
 
 def servers_for(t, single_t, cap: int, units: int):
@@ -595,6 +605,15 @@ def _stage_ratio(totals: dict, j: int, sms):
     while the stage's workers share every unit: ratio = slabs x workers / (ksplit x row-blocks
     per unit x tiles per row-block)."""
     w1, cap = totals["stage_single_works"][j], totals["stage_inflight"][j]
+    writer = (totals.get("stage_slab_writer") or [None] * (j + 1))[j]
+    if w1 is None and writer and cap > 1:
+        # a several-step stage writing a split_k queue: when its last step's items of a row-block
+        # fit its workers at once, the row-block's slabs are finished together, not one after
+        # another (traced: dlrm's fc1 + fc2 on 68 SMs wrote both K slabs of its 2048-row block
+        # at 52-53 us; the model had the first one at half that): `slabs` units per latency
+        W = TEAMS_PER_SM * np.asarray(sms, dtype=float)
+        out = np.where(writer <= W, float(cap), 1.0)
+        return out if np.ndim(sms) else float(out)
     if w1 is None or cap <= 1:
         return None
     sk = totals["stage_splitk"][j]
@@ -614,13 +633,28 @@ def _stage_ratio(totals: dict, j: int, sms):
     return np.array(out) if np.ndim(sms) else out[0]
 
 
-def stage_servers(totals: dict, sms, t, units: int) -> np.ndarray:
+def _unit_latency(works, totals: dict, j: int, spec: HwSpec, sms, t):
+    """One unit's latency through stage j (scalar or per SM count `sms`, per-unit times t), or
+    None for a stage of one server: _stage_ratio's, or a several-step stage's first unit alone
+    through all its steps (stage_sim.stage_unit_latency: dlrm's fc3 -> fc4 -> fc5 stage took
+    48 us for a row-block it worked on for 8.3 us of period)."""
+    cap = totals["stage_inflight"][j]
+    ratio = _stage_ratio(totals, j, sms)
+    if ratio is not None:
+        return ratio * t
+    shape = totals["stage_shapes"][j]
+    if shape is None or cap <= 1 or works is None:
+        return None
+    return stage_unit_latency(list(works[j]), spec, sms, shape)
+
+
+def stage_servers(totals: dict, sms, t, units: int, works=None, spec: HwSpec | None = None) -> np.ndarray:
     """servers_for of every stage at its SM count (sms: one per stage; t: per-unit times)."""
     out = np.ones(len(t), dtype=np.int64)
     for j, cap in enumerate(totals["stage_inflight"]):
-        ratio = _stage_ratio(totals, j, sms[j])
-        if ratio is not None:
-            out[j] = int(servers_for(t[j], ratio * t[j], cap, units))
+        lat = _unit_latency(works, totals, j, spec, sms[j], t[j])
+        if lat is not None:
+            out[j] = int(servers_for(t[j], lat, cap, units))
     return out
 
 
@@ -705,7 +739,7 @@ def _time_stages(works, totals: dict, plan: StagePlan, spec: HwSpec, units: int)
     c = plan.choice
     t = np.array([stage_unit_time(w, spec, s, sh)
                   for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
-    srv = stage_servers(totals, c.sms, t, units)
+    srv = stage_servers(totals, c.sms, t, units, works, spec)
     depths = tuple(d * plan.slabs for d in c.depths)
     sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     bw_bound = _bw_floor(works, totals, spec, sum(c.sms), units)
@@ -809,10 +843,37 @@ def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, .
     hit = memo.get(key)
     if hit is None:
         lat = t * servers
-        hit = memo[key] = simulate(np.repeat(lat[:, None], units, axis=1), list(depths),
-                                   spec.ring_handoff_cost_s, servers=servers,
-                                   group=[slabs] * len(depths))
+        n = units
+        if (servers > 1).any() and units > TANDEM_UNITS_MAX:
+            # equal units settle into a periodic schedule: replay a whole number of server
+            # rounds and release groups, extrapolate the rest (the multi-server recurrence is
+            # evaluated unit by unit when its sweeps do not settle: thousands of units cost
+            # tens of ms, every candidate split of a long model)
+            step = math.lcm(*(int(x) for x in servers), max(1, slabs))
+            n = max(2 * step, TANDEM_UNITS_MAX // step * step)
+        sim = simulate(np.repeat(lat[:, None], min(n, units), axis=1), list(depths),
+                       spec.ring_handoff_cost_s, servers=servers, group=[slabs] * len(depths))
+        hit = memo[key] = sim if n >= units else _extrapolated(sim, lat, servers, units)
     return hit
+
+
+TANDEM_UNITS_MAX = 1024
+
+
+def _extrapolated(sim, lat: np.ndarray, servers: np.ndarray, units: int):
+    """A tandem replay of its first units carried to `units`: each stage's departures go on at
+    the period of the replay's second half (never faster than its own units' work)."""
+    from kitsune_dse.cost.queues import QueueResult
+    D = sim.departures
+    n = D.shape[1]
+    half = n // 2
+    period = np.maximum((D[:, -1] - D[:, half - 1]) / (n - half), lat / servers)
+    last = D[:, -1] + (units - n) * period
+    makespan = float(last[-1])
+    busy = lat * units / servers
+    stall = np.maximum((last - sim.starts[:, 0]) - busy, 0.0)
+    return QueueResult(D, sim.starts, makespan, sim.fill_s, float(makespan - last[0]), float(period[-1]),
+                       int(np.argmax(busy)), stall, sim.mean_occupancy, sim.max_occupancy)
 
 
 def stage_time_table(region: Region, spec: HwSpec, plan: StagePlan) -> np.ndarray:
@@ -834,7 +895,7 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
     for j, cap in enumerate(totals["stage_inflight"]):
-        ratio = _stage_ratio(totals, j, axis)
-        if ratio is not None:
-            srv[j, 1:] = servers_for(tab[j, 1:], ratio * tab[j, 1:], cap, units)
+        lat = _unit_latency(works, totals, j, spec, axis, tab[j, 1:])
+        if lat is not None:
+            srv[j, 1:] = servers_for(tab[j, 1:], lat, cap, units)
     return tab, srv, totals

@@ -117,6 +117,28 @@ def _blocker(N: int, b: int, g: int) -> np.ndarray:
     return np.where(u >= b, (u // g) * g - b + g - 1, -1)
 
 
+def _servers_pass(t, arrive, block, c: int) -> np.ndarray:
+    """_stage_pass of a stage of c servers: unit n follows unit n - c on its server,
+    D[n] = max(max(arrive[n], D[n - c]) + t[n], block[n]). Few servers: one closed-form pass
+    per server's chain; many (a several-step stage holds dozens of units): round by round,
+    all servers at once (the recurrence itself, where the chains use its closed form)."""
+    N = t.size
+    if c <= 1:
+        return _stage_pass(t, arrive, block)
+    D = np.empty(N)
+    if c * c <= N:
+        for r in range(c):
+            D[r::c] = _stage_pass(t[r::c], arrive[r::c], block[r::c])
+        return D
+    prev = np.full(c, -np.inf)
+    for k in range(0, N, c):
+        m = min(c, N - k)
+        d = np.maximum(np.maximum(arrive[k:k + m], prev[:m]) + t[k:k + m], block[k:k + m])
+        D[k:k + m] = d
+        prev = d
+    return D
+
+
 def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
     """Departures with multi-server stages and grouped releases: Gauss-Seidel sweeps of
     closed-form passes over each stage's interleaved chains; if they have not settled, the
@@ -132,11 +154,12 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
             if j < J - 1:
                 k = blockers[j]
                 blk[k >= 0] = D[j + 1][k[k >= 0]] + sync_s
-            cj = int(c[j])
-            for r in range(min(cj, N)):
-                D[j, r::cj] = _stage_pass(t[j, r::cj], arr[r::cj], blk[r::cj])
+            D[j] = _servers_pass(t[j], arr, blk, int(c[j]))
         if np.array_equal(old, D):
             return D
+    m = min([int(x) for x in c if x > 1] + [int(bj - gj + 1) for bj, gj in zip(b, g)] + [N])
+    if m >= 4:
+        return _chunked_general(t, c, sync_s, arrive0, blockers, m)
     # plain floats: NumPy's per-element access would cost more than the arithmetic
     tl, a0 = t.tolist(), arrive0.tolist()
     bl = [k.tolist() for k in blockers] + [None]
@@ -159,6 +182,39 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
             Dj[n] = d
             up = Dj
     return np.array(rows, dtype=float)
+
+
+def _chunked_general(t, c, sync_s: float, arrive0, blockers, m: int) -> np.ndarray:
+    """_general's exact evaluation in chunks of m units, m no more than any multi-server
+    stage's servers nor any queue's units between a slot's use and its release: inside a chunk
+    a unit's server and slot wait on units of earlier chunks only, so each stage is one pass:
+    vectorised for a stage of c > 1 servers, the closed form for one server (its previous unit
+    carried in)."""
+    J, N = t.shape
+    D = np.empty((J, N))
+    for n0 in range(0, N, m):
+        n1 = min(N, n0 + m)
+        for j in range(J):
+            tt = t[j, n0:n1]
+            arr = arrive0[n0:n1] if j == 0 else D[j - 1, n0:n1] + sync_s
+            blk = np.full(n1 - n0, -np.inf)
+            if j < J - 1:
+                k = blockers[j][n0:n1]
+                ok = k >= 0
+                blk[ok] = D[j + 1][k[ok]] + sync_s
+            cj = int(c[j])
+            if cj > 1:
+                prev = np.full(n1 - n0, -np.inf)
+                idx = np.arange(n0, n1) - cj
+                ok = idx >= 0
+                prev[ok] = D[j][idx[ok]]
+                D[j, n0:n1] = np.maximum(np.maximum(arr, prev) + tt, blk)
+            else:
+                if n0 > 0:
+                    arr = arr.copy()
+                    arr[0] = max(arr[0], D[j, n0 - 1])
+                D[j, n0:n1] = _stage_pass(tt, arr, blk)
+    return D
 
 
 def _result(t, D, arrive0, c, sync_s) -> QueueResult:

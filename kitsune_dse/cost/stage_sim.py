@@ -46,6 +46,9 @@ class StageShape:
     slabs: int = 1                # hand-off units per row-block when it is handed over in slabs
     late_slot_wait: tuple[bool, ...] = ()   # per step: it waits for its output slot only before
                                   # its epilogue (a GEMM), not before it starts
+    release_step: int = -1        # the last step that reads the stage's input ring: its slot of a
+                                  # row-block is free once that step is done with it (-1: the
+                                  # stage's last step)
 
 
 _CACHE: dict = {}
@@ -89,6 +92,7 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
     base = (np.arange(n_s) * (W + 1))[:, None]
     done = np.full((Rs, K, n_s), 0.0)       # finish time of every item of (rb, k)
     look = max(1, int(shape.lookahead))
+    rel = shape.release_step if 0 <= shape.release_step < K else K - 1
     # of step k's n items in row-block rb, worker (rb * n + i) mod w takes items i, i + w, ...:
     # only the min(n, w) workers with an item are touched (a few of the stage's workers), and
     # which ones and how long they run is known before the replay
@@ -120,7 +124,7 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
             if k > 0:
                 ready = row[k - 1][:, None] + step_sync[k]
             elif rb >= look:
-                ready = done[rb - look, K - 1][:, None] + sync_s
+                ready = done[rb - look, rel][:, None] + sync_s
             else:
                 ready = zero
             slot = done[rb - slots, k + 1][:, None] + sync_s if slots and rb >= slots else None
@@ -174,10 +178,21 @@ def _stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageSha
         return (sum(kernel_time(w, spec, sms) / w.inflight for w in works)
                 + sum(step_wait_s(w, spec) for w in works[1:]))
     s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
-    top, log_grid, log_span, units, U, whole = _schedule(works, spec, shape)
+    top, log_grid, log_span, units, U, whole, _ = _schedule(works, spec, shape)
     span = np.exp(np.interp(np.log(np.minimum(s, top)), log_grid, log_span))
     bound = sum(kernel_time(w, spec, s) for w in whole) / U
     out = np.maximum(span / max(units, 1e-9), bound)
+    return out if np.ndim(sms) else float(out[0])
+
+
+def stage_unit_latency(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape):
+    """How long a several-step stage takes for its first hand-off unit alone (scalar or array
+    of SM counts): the unit's trip through every step, a hand-off between steps, against the
+    per-unit time its overlapping row-blocks give (stage_unit_time). The queue model runs such
+    a stage as that many units side by side (cost.pipeline._stage_ratio)."""
+    s = np.maximum(np.atleast_1d(np.asarray(sms, dtype=float)), 1.0)
+    top, log_grid, _, _, _, _, log_first = _schedule(works, spec, shape)
+    out = np.exp(np.interp(np.log(np.minimum(s, top)), log_grid, log_first))
     return out if np.ndim(sms) else float(out[0])
 
 
@@ -212,12 +227,17 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
         lone.append(t / (TEAMS_PER_SM * a))
     span = makespan(shape, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
                     spec.sync_latency_s, tuple(step_wait_s(w, spec) for w in works))
+    # the first unit alone: the same schedule over the unit's own row-blocks
+    one = StageShape(shape.items, max(1, shape.rb_per_unit), shape.lookahead, shape.slots,
+                     shape.rb_per_unit, shape.slabs, shape.late_slot_wait, shape.release_step)
+    first = makespan(one, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
+                     spec.sync_latency_s, tuple(step_wait_s(w, spec) for w in works))
     units = shape.row_blocks * shape.slabs / shape.rb_per_unit     # hand-off units (slabs)
     # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
     # bandwidth of all the row-blocks in flight)
     U = max(1, round(units))
     whole = [w.scaled(U, tiles=w.tiles * U) for w in works]
-    hit = memo[key] = (grid[-1], np.log(grid), np.log(span), units, U, whole)
+    hit = memo[key] = (grid[-1], np.log(grid), np.log(span), units, U, whole, np.log(first))
     return hit
 
 
