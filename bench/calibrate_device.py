@@ -418,6 +418,14 @@ def device(out: Path, runs: int, smoke: str) -> None:
         log("epilogues FAILED\n" + raw["epilogue_error"])
     dump()
     try:
+        from cublas_call_probe import probe as cublas_calls
+        raw["cublas_call_rows"] = cublas_calls(500)
+        log("  cuBLAS call host time: " + ", ".join(f"{r['host_s'] * 1e6:.1f} us" for r in raw["cublas_call_rows"]))
+    except Exception:  # noqa: BLE001
+        raw["cublas_call_error"] = traceback.format_exc()
+        log("cuBLAS calls FAILED\n" + raw["cublas_call_error"])
+    dump()
+    try:
         from region_boundary import measure_boundaries
         raw["boundary_rows"] = measure_boundaries(max(5, runs), log)
     except Exception:  # noqa: BLE001
@@ -596,6 +604,14 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                 graphs = fit_kernel_chain(raw["kernel_chain_rows"], key="graphs_s")
                 data["region_gap_s"] = max(0.0, graphs["per_kernel_s"] - chain["per_kernel_s"])
                 data["calibration"]["kernel_chain_graphs_fit"] = dict(graphs)
+        if sp is cublas and raw.get("cublas_call_rows"):
+            # the cublas variant's GEMMs are cuBLAS calls from Python (bench/cublas_call_probe.py)
+            import statistics
+            calls = [r["host_s"] for r in raw["cublas_call_rows"] if r.get("host_s")]
+            data["library_call_s"] = statistics.median(calls)
+            data.setdefault("calibration", {})["library_call_fit"] = {
+                "library_call_s": data["library_call_s"], "points": len(calls),
+                "host_s_by_shape": {"x".join(map(str, r["shape"])): r["host_s"] for r in raw["cublas_call_rows"]}}
         if sp is harness and raw.get("boundary_rows"):
             # region A then region B against each alone: what a boundary hides, measured
             from kitsune_dse.calibrate.fit import fit_region_boundaries

@@ -114,3 +114,29 @@ def test_the_bias_gelu_case_is_one_fused_kernel_in_the_model():
     est = fusion(Region.of(g), CAL)
     assert est.kernel_launches == 1
     assert g.op("act").info.transcendentals == 2048 * 1024
+
+
+# -- the cublas baseline's library calls ------------------------------------------------------------
+
+def test_an_eager_library_gemm_costs_its_call_on_the_host():
+    from kitsune_dse.cost.strategies import LaunchChoice, kernel_ends, library_bsp
+    # three kernels of 1 us each, issued 5, 20 and 5 us apart: the host is the bottleneck
+    sp = CAL.model_copy(update={"launch_overhead_s": 5e-6, "kernel_gap_s": 1e-6})
+    ends = kernel_ends([1e-6] * 3, sp, [5e-6, 20e-6, 5e-6])
+    assert ends == pytest.approx([6e-6, 26e-6, 31e-6])
+    assert kernel_ends([1e-6] * 3, sp) == pytest.approx([6e-6, 11e-6, 16e-6])
+    # dlrm's top MLP: five GEMMs (cuBLAS calls) and ten of this tool's kernels (bias, activation):
+    # it cannot end before the host has issued all fifteen, and a GEMM call's extra host time
+    # costs at most itself (some of it hides behind kernels still running)
+    g = load_model_dlrm()
+    eager = LaunchChoice("eager")
+    base = library_bsp(Region.of(g), sp.model_copy(update={"library_call_s": None}), eager)
+    slow = library_bsp(Region.of(g), sp.model_copy(update={"library_call_s": 25e-6}), eager)
+    assert base.kernel_launches == 15
+    assert slow.latency_s > 5 * 25e-6 + 10 * 5e-6
+    assert base.latency_s < slow.latency_s <= base.latency_s + 5 * 20e-6 + 1e-12
+
+
+def load_model_dlrm():
+    from kitsune_dse.graph import load_model
+    return load_model("dlrm-top-mlp")

@@ -28,8 +28,10 @@ class LaunchChoice:
     launch: str = "graph"
 
 
-def launch_timeline(times: list[float], spec: HwSpec, mode: str = "graph") -> tuple[float, float]:
-    """(makespan, launch cost) of kernels run back to back, each depending on the last."""
+def launch_timeline(times: list[float], spec: HwSpec, mode: str = "graph",
+                    issue_s: list[float] | None = None) -> tuple[float, float]:
+    """(makespan, launch cost) of kernels run back to back, each depending on the last;
+    issue_s: launched eagerly, each kernel's host issue time (default spec.launch_overhead_s)."""
     n = len(times)
     if n == 0:
         return 0.0, 0.0
@@ -40,17 +42,18 @@ def launch_timeline(times: list[float], spec: HwSpec, mode: str = "graph") -> tu
         return busy + over, over
     if mode != "eager":
         raise ValueError(f"launch mode {mode!r}")
-    end = kernel_ends(times, spec)[-1]
+    end = kernel_ends(times, spec, issue_s)[-1]
     return end, end - busy
 
 
-def kernel_ends(times: list[float], spec: HwSpec) -> list[float]:
+def kernel_ends(times: list[float], spec: HwSpec, issue_s: list[float] | None = None) -> list[float]:
     """When each of kernels launched eagerly back to back ends: a kernel starts after the last
     one (plus the device's gap) or once the host has issued it, whichever is later. The step
-    between two ends is what CUDA events recorded between the launches measure."""
-    out, end = [], 0.0
+    between two ends is what CUDA events recorded between the launches measure. issue_s: each
+    kernel's host issue time (default spec.launch_overhead_s; a GEMM library call costs more)."""
+    out, end, issue = [], 0.0, 0.0
     for i, t in enumerate(times):
-        issue = (i + 1) * spec.launch_overhead_s
+        issue += spec.launch_overhead_s if issue_s is None else issue_s[i]
         end = max(end + (spec.kernel_gap_s if i else 0.0), issue) + t
         out.append(end)
     return out
@@ -70,7 +73,7 @@ def _estimate_from_kernels(works: list[KernelWork], times: list[float], latency:
         breakdown=breakdown).check()
 
 
-def _kernel_rows(works, times, spec, mode: str = "graph"):
+def _kernel_rows(works, times, spec, mode: str = "graph", issue_s=None):
     """Per kernel: its work and time; launched eagerly, also the step from the previous
     kernel's end to its own (what an event around its launch measures: host issue included)."""
     rows = [{"kernel": w.name, "latency_s": t, "dram_read_bytes": w.dram_read_bytes,
@@ -78,7 +81,7 @@ def _kernel_rows(works, times, spec, mode: str = "graph"):
              "waves": math.ceil(w.tiles / (spec.sm_count * w.ctas_per_sm))}
             for w, t in zip(works, times)]
     if mode == "eager":
-        ends = kernel_ends(times, spec)
+        ends = kernel_ends(times, spec, issue_s)
         for r, e, prev in zip(rows, ends, [0.0] + ends[:-1]):
             r["eager_step_s"] = e - prev
     return rows
@@ -89,15 +92,16 @@ def bsp_groups(region: Region) -> list[tuple[str, ...]]:
     return [(o,) for o in region.ops]
 
 
-def bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
-    """One kernel per op on all SMs."""
+def bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None,
+        issue_s: list[float] | None = None) -> Estimate:
+    """One kernel per op on all SMs (issue_s: launched eagerly, each one's host issue time)."""
     choice = choice or LaunchChoice()
     works = kernel_works(region, bsp_groups(region), spec)
     times = [kernel_time(w, spec, spec.sm_count) + spec.kernel_fixed_s for w in works]
-    lat, over = launch_timeline(times, spec, choice.launch)
+    lat, over = launch_timeline(times, spec, choice.launch, issue_s)
     return _estimate_from_kernels(works, times, lat, spec, region, strategy="bsp",
                                   launch=choice.launch, launch_s=over,
-                                  kernels=_kernel_rows(works, times, spec, choice.launch))
+                                  kernels=_kernel_rows(works, times, spec, choice.launch, issue_s))
 
 
 def library_bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
@@ -107,7 +111,12 @@ def library_bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None
     g = unfused_bias(region.graph)
     names = {op.name for op in g.ops}
     ops = [x for o in region.ops for x in (o, o + BIAS_SUFFIX) if x in names]
-    return bsp(Region.of(g, ops), spec, choice)
+    # launched eagerly, a GEMM is a library call (spec.library_call_s of host time), the rest
+    # this tool's kernels
+    sub = Region.of(g, ops)
+    issue = [spec.library_call_cost_s if g.op(o).info.gemm is not None else spec.launch_overhead_s
+             for (o,) in bsp_groups(sub)]
+    return bsp(sub, spec, choice, issue_s=issue)
 
 
 # -- fusion -------------------------------------------------------------------------------------

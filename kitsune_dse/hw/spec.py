@@ -120,6 +120,9 @@ class HwSpec(_Strict):
     max_ctas_per_sm: Annotated[int, Field(gt=0)]
     max_threads_per_sm: Annotated[int, Field(gt=0)]
     launch_overhead_s: Pos                      # host time to issue one kernel eagerly
+    library_call_s: Pos | None = None           # host time of one GEMM library call issued
+                                                # eagerly (cuBLAS from Python: its handle, stream
+                                                # and heuristics; calibrated; None: the launch)
     graph_launch_overhead_s: Pos                # device gap per kernel node in a CUDA graph
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
@@ -302,6 +305,10 @@ class HwSpec(_Strict):
         if self.region_boundary_hidden_s is not None:
             return self.region_boundary_hidden_s
         return self.launch_latency_cost_s - self.region_gap_s
+
+    @property
+    def library_call_cost_s(self) -> float:
+        return self.library_call_s if self.library_call_s is not None else self.launch_overhead_s
 
     @property
     def persistent_launch_cost_s(self) -> float:
