@@ -269,9 +269,9 @@ def _epilogue_inputs(g, atom, gd) -> int:
 
 def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:
     """Stage j's groups that write its output queue are all GEMMs, which wait for their ring
-    slot only before their epilogue. Not for a stage fed by a split_k queue: its GEMM also
-    waits for slabs, and pricing it so (suite run of 17:51 UTC) made dlrm's explorer pick a
-    split_k pipeline predicted at 75 us that ran 116."""
+    slot only before their epilogue (a stage fed by a split_k queue too: the eighth session
+    priced those waiting first to hide the slabs a several-step writer finishes together,
+    which _stage_ratio now models)."""
     later = {o for st in c.stages[j + 1:] for o in st}
     writers = [a for a in atoms if any(x in later for o in a for t in g.op(o).outputs for x in g.consumers(t))]
     return bool(writers) and all(any(g.op(o).info.gemm is not None for o in a) for a in writers)
@@ -564,11 +564,9 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
         slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
     look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
     # a GEMM step waits for its ring slot to the next step only before its epilogue (harness
-    # versions 5 and 6); the first step of a stage fed by a split_k queue is priced waiting
-    # first (see _gemm_writes_ring)
+    # versions 5 and 6), the first step of a stage fed by a split_k queue as well
     j = next((i for i, st in enumerate(c.stages) if atoms[0][0] in st), 0)
-    late = tuple(any(g.op(o).info.gemm is not None for o in atom)
-                 for k, atom in enumerate(atoms))
+    late = tuple(any(g.op(o).info.gemm is not None for o in atom) for atom in atoms)
     # the stage's input ring frees a row-block's slot once the last step reading it is done with
     # it (the runtime's "done with" arrive), not when the stage's last step is (traced: dlrm's
     # fc3 -> fc4 -> fc5 stage ran 2 row-blocks per 16.5 us, 24.5 priced waiting for the last step)
@@ -833,6 +831,9 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
     return float(floor) if np.ndim(floor) == 0 else floor
 
 
+TANDEM_UNITS_MAX = 1024       # units of a multi-server tandem replay beyond which it is extrapolated
+
+
 def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, ...], slabs: int,
             spec: HwSpec):
     """queues.simulate of `units` equal units per stage (per-unit times t; a stage of c servers
@@ -855,9 +856,6 @@ def _tandem(t: np.ndarray, servers: np.ndarray, units: int, depths: tuple[int, .
                        spec.ring_handoff_cost_s, servers=servers, group=[slabs] * len(depths))
         hit = memo[key] = sim if n >= units else _extrapolated(sim, lat, servers, units)
     return hit
-
-
-TANDEM_UNITS_MAX = 1024
 
 
 def _extrapolated(sim, lat: np.ndarray, servers: np.ndarray, units: int):
