@@ -225,13 +225,18 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
         t = TEAMS_PER_SM * kernel_time(rb, spec, grid) / busiest_sm_tiles(rb, grid, a)
         tau.append(t)
         lone.append(t / (TEAMS_PER_SM * a))
+    # a step waiting for its slot in the ring to the next step (or the stage for a slot of its
+    # input ring) waits a ring hand-off: the consumer's release, then the producer's poll, as
+    # between stages (ring_handoff_s, 2.4 us; it had been the idle flag ping-pong, 0.53 us:
+    # attention's qk + scale + softmax stage, whose scores ring holds two row-blocks, ran a row-
+    # block every 3.1 us where that gave 1.8; NeRF's three-layer stages alone -17% -> -3%)
     span = makespan(shape, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
-                    spec.sync_latency_s, tuple(step_wait_s(w, spec) for w in works))
+                    spec.ring_handoff_cost_s, tuple(step_wait_s(w, spec) for w in works))
     # the first unit alone: the same schedule over the unit's own row-blocks
     one = StageShape(shape.items, max(1, shape.rb_per_unit), shape.lookahead, shape.slots,
                      shape.rb_per_unit, shape.slabs, shape.late_slot_wait, shape.release_step)
     first = makespan(one, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
-                     spec.sync_latency_s, tuple(step_wait_s(w, spec) for w in works))
+                     spec.ring_handoff_cost_s, tuple(step_wait_s(w, spec) for w in works))
     units = shape.row_blocks * shape.slabs / shape.rb_per_unit     # hand-off units (slabs)
     # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
     # bandwidth of all the row-blocks in flight)
