@@ -258,3 +258,16 @@ def test_a_several_step_stage_runs_as_many_units_side_by_side_as_its_first_takes
     assert lat > 4 * t
     srv = pipeline(region, spec, choice).breakdown["stage_servers"][2]
     assert 1 < srv <= totals["stage_inflight"][2]
+
+
+def test_a_slot_between_steps_waits_a_ring_hand_off():
+    # a GEMM feeding a softmax in one stage through a two-row-block ring: the GEMM of block
+    # r + 2 waits for the softmax of block r to free its slot, a ring hand-off each time, so a
+    # slower hand-off slows the stage (and a stage alone of one step does not care)
+    from kitsune_dse.calibrate.fit import one_stage_time
+    spec = load_spec("h100-sxm.calibrated")
+    fast = spec.model_copy(update={"ring_handoff_s": 0.5e-6})
+    slow = spec.model_copy(update={"ring_handoff_s": 5e-6})
+    dims = (65536, 1024, 128)
+    assert one_stage_time(slow, "mmsoftmax", dims, 88, rows=256) > one_stage_time(fast, "mmsoftmax", dims, 88, rows=256)
+    assert one_stage_time(slow, "matmul", dims, 88) == pytest.approx(one_stage_time(fast, "matmul", dims, 88))
