@@ -380,57 +380,55 @@ def device(out: Path, runs: int, smoke: str) -> None:
     def dump():
         raw_path.write_text(json.dumps(raw, indent=1, default=str) + "\n")
     log("env " + json.dumps(raw["env"]))
-    try:
+
+    def phase(error_key: str, what: str, measure) -> None:
+        """One measurement group into raw (measure() returns its keys); a failure is recorded
+        under error_key and the calibration goes on; the raw file is rewritten after each."""
+        try:
+            raw.update(measure())
+        except Exception:  # noqa: BLE001
+            raw[error_key] = traceback.format_exc()
+            log(f"{what} FAILED\n" + raw[error_key])
+        dump()
+
+    def run_all_phase():
         from kitsune_dse.calibrate.microbench import run_all
-        raw.update(run_all(lambda i, n, what: log(f"  {i}/{n} {what}")))
-    except Exception as e:  # noqa: BLE001
-        raw["run_all_error"] = traceback.format_exc()
-        log(f"run_all FAILED: {e}")
-    dump()
-    try:
+        return run_all(lambda i, n, what: log(f"  {i}/{n} {what}"))
+
+    def tiles():
         sq, shapes, rows = measure_tiles(runs, log)
-        raw["tile_gemm_fp16"], raw["tile_gemm_shapes"] = sq, shapes
-        raw["tile_rows"] = rows
-    except Exception:  # noqa: BLE001
-        raw["tile_error"] = traceback.format_exc()
-        log("tiles FAILED\n" + raw["tile_error"])
-    dump()
-    try:
+        return {"tile_gemm_fp16": sq, "tile_gemm_shapes": shapes, "tile_rows": rows}
+
+    def pipes():
         g, e, rows = measure_pipes(max(5, runs // 2), log)
-        raw["pipe_gemm_fp16_sms"], raw["pipe_ew_sms"], raw["pipe_rows"] = g, e, rows
-    except Exception:  # noqa: BLE001
-        raw["pipe_error"] = traceback.format_exc()
-        log("pipes FAILED\n" + raw["pipe_error"])
-    dump()
-    try:
-        raw["tilesync_probe_rows"] = measure_probes(max(5, runs), log)
-        raw["tilesync_chain_rows"] = measure_probes(max(5, runs), log, chains=True)
-        raw["kernel_chain_rows"] = measure_probes(max(5, runs), log, chains="kernels")
-    except Exception:  # noqa: BLE001
-        raw["probe_error"] = traceback.format_exc()
-        log("probes FAILED\n" + raw["probe_error"])
-    dump()
-    try:
+        return {"pipe_gemm_fp16_sms": g, "pipe_ew_sms": e, "pipe_rows": rows}
+
+    def probes():
+        return {"tilesync_probe_rows": measure_probes(max(5, runs), log),
+                "tilesync_chain_rows": measure_probes(max(5, runs), log, chains=True),
+                "kernel_chain_rows": measure_probes(max(5, runs), log, chains="kernels")}
+
+    def epilogues():
         from epilogue_probe import measure as measure_epilogues
-        raw["epilogue_rows"] = measure_epilogues(max(5, runs), log)
-    except Exception:  # noqa: BLE001
-        raw["epilogue_error"] = traceback.format_exc()
-        log("epilogues FAILED\n" + raw["epilogue_error"])
-    dump()
-    try:
-        from cublas_call_probe import probe as cublas_calls
-        raw["cublas_call_rows"] = cublas_calls(500)
-        log("  cuBLAS call host time: " + ", ".join(f"{r['host_s'] * 1e6:.1f} us" for r in raw["cublas_call_rows"]))
-    except Exception:  # noqa: BLE001
-        raw["cublas_call_error"] = traceback.format_exc()
-        log("cuBLAS calls FAILED\n" + raw["cublas_call_error"])
-    dump()
-    try:
+        return {"epilogue_rows": measure_epilogues(max(5, runs), log)}
+
+    def cublas_calls():
+        from cublas_call_probe import probe
+        rows = probe(500)
+        log("  cuBLAS call host time: " + ", ".join(f"{r['host_s'] * 1e6:.1f} us" for r in rows))
+        return {"cublas_call_rows": rows}
+
+    def boundaries():
         from region_boundary import measure_boundaries
-        raw["boundary_rows"] = measure_boundaries(max(5, runs), log)
-    except Exception:  # noqa: BLE001
-        raw["boundary_error"] = traceback.format_exc()
-        log("boundaries FAILED\n" + raw["boundary_error"])
+        return {"boundary_rows": measure_boundaries(max(5, runs), log)}
+
+    phase("run_all_error", "run_all", run_all_phase)
+    phase("tile_error", "tiles", tiles)
+    phase("pipe_error", "pipes", pipes)
+    phase("probe_error", "probes", probes)
+    phase("epilogue_error", "epilogues", epilogues)
+    phase("cublas_call_error", "cuBLAS calls", cublas_calls)
+    phase("boundary_error", "boundaries", boundaries)
     raw["elapsed_s"] = time.time() - t0
     dump()
     log(f"calibration done -> {raw_path}")

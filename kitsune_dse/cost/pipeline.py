@@ -641,12 +641,12 @@ def _unit_latency(works, totals: dict, j: int, spec: HwSpec, sms, t):
     if ratio is not None:
         return ratio * t
     shape = totals["stage_shapes"][j]
-    if shape is None or cap <= 1 or works is None:
+    if shape is None or cap <= 1:
         return None
     return stage_unit_latency(list(works[j]), spec, sms, shape)
 
 
-def stage_servers(totals: dict, sms, t, units: int, works=None, spec: HwSpec | None = None) -> np.ndarray:
+def stage_servers(totals: dict, sms, t, units: int, works, spec: HwSpec) -> np.ndarray:
     """servers_for of every stage at its SM count (sms: one per stage; t: per-unit times)."""
     out = np.ones(len(t), dtype=np.int64)
     for j, cap in enumerate(totals["stage_inflight"]):

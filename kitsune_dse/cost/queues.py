@@ -159,7 +159,7 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
             return D
     m = min([int(x) for x in c if x > 1] + [int(bj - gj + 1) for bj, gj in zip(b, g)] + [N])
     if m >= 4:
-        return _chunked_general(t, c, sync_s, arrive0, blockers, m)
+        return _chunked(t, b, sync_s, arrive0, servers=c, blockers=blockers, m=m)
     # plain floats: NumPy's per-element access would cost more than the arithmetic
     tl, a0 = t.tolist(), arrive0.tolist()
     bl = [k.tolist() for k in blockers] + [None]
@@ -182,39 +182,6 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
             Dj[n] = d
             up = Dj
     return np.array(rows, dtype=float)
-
-
-def _chunked_general(t, c, sync_s: float, arrive0, blockers, m: int) -> np.ndarray:
-    """_general's exact evaluation in chunks of m units, m no more than any multi-server
-    stage's servers nor any queue's units between a slot's use and its release: inside a chunk
-    a unit's server and slot wait on units of earlier chunks only, so each stage is one pass:
-    vectorised for a stage of c > 1 servers, the closed form for one server (its previous unit
-    carried in)."""
-    J, N = t.shape
-    D = np.empty((J, N))
-    for n0 in range(0, N, m):
-        n1 = min(N, n0 + m)
-        for j in range(J):
-            tt = t[j, n0:n1]
-            arr = arrive0[n0:n1] if j == 0 else D[j - 1, n0:n1] + sync_s
-            blk = np.full(n1 - n0, -np.inf)
-            if j < J - 1:
-                k = blockers[j][n0:n1]
-                ok = k >= 0
-                blk[ok] = D[j + 1][k[ok]] + sync_s
-            cj = int(c[j])
-            if cj > 1:
-                prev = np.full(n1 - n0, -np.inf)
-                idx = np.arange(n0, n1) - cj
-                ok = idx >= 0
-                prev[ok] = D[j][idx[ok]]
-                D[j, n0:n1] = np.maximum(np.maximum(arr, prev) + tt, blk)
-            else:
-                if n0 > 0:
-                    arr = arr.copy()
-                    arr[0] = max(arr[0], D[j, n0 - 1])
-                D[j, n0:n1] = _stage_pass(tt, arr, blk)
-    return D
 
 
 def _result(t, D, arrive0, c, sync_s) -> QueueResult:
@@ -249,13 +216,17 @@ def _result(t, D, arrive0, c, sync_s) -> QueueResult:
 SCALAR_CHUNK_MAX = 8     # chunks this short are evaluated tile by tile in plain floats
 
 
-def _chunked(t, b, sync_s, arrive0):
-    """Exact evaluation in chunks of min(b) tiles: inside a chunk the blocking terms refer only
-    to earlier chunks, so each stage is one closed-form pass over the chunk."""
+def _chunked(t, b, sync_s, arrive0, servers=None, blockers=None, m: int | None = None):
+    """Exact evaluation in chunks of m tiles (default min(b)): inside a chunk the blocking terms
+    refer only to earlier chunks, so each stage is one closed-form pass over the chunk. With
+    `servers` and `blockers` (_general's: m no more than any multi-server stage's servers nor
+    any queue's units between a slot's use and its release) a unit's server waits on an earlier
+    chunk too: a stage of c > 1 servers is one vectorised step per chunk."""
     J, N = t.shape
-    m = int(b.min()) if b.size else N
-    if (m <= SCALAR_CHUNK_MAX and np.isfinite(t).all() and np.isfinite(arrive0).all()
-            and np.isfinite(sync_s)):
+    if m is None:
+        m = int(b.min()) if b.size else N
+    if (servers is None and blockers is None and m <= SCALAR_CHUNK_MAX and np.isfinite(t).all()
+            and np.isfinite(arrive0).all() and np.isfinite(sync_s)):
         return _chunked_scalar(t, b, sync_s, arrive0, m)
     D = np.empty((J, N))
     for n0 in range(0, N, m):
@@ -263,13 +234,29 @@ def _chunked(t, b, sync_s, arrive0):
         for j in range(J):
             tt = t[j, n0:n1]
             arr = arrive0[n0:n1] if j == 0 else D[j - 1, n0:n1] + sync_s
-            e = arr + tt
+            blk = None
             if j < J - 1:
-                lo, hi = n0 - b[j], n1 - b[j]
                 blk = np.full(n1 - n0, -np.inf)
-                if hi > 0:
-                    k0 = max(lo, 0)
-                    blk[k0 - lo:] = D[j + 1, k0:hi] + sync_s
+                if blockers is None:
+                    lo, hi = n0 - b[j], n1 - b[j]
+                    if hi > 0:
+                        k0 = max(lo, 0)
+                        blk[k0 - lo:] = D[j + 1, k0:hi] + sync_s
+                else:
+                    k = blockers[j][n0:n1]
+                    ok = k >= 0
+                    blk[ok] = D[j + 1][k[ok]] + sync_s
+            cj = 1 if servers is None else int(servers[j])
+            if cj > 1:
+                prev = np.full(n1 - n0, -np.inf)
+                idx = np.arange(n0, n1) - cj
+                ok = idx >= 0
+                prev[ok] = D[j][idx[ok]]
+                e = np.maximum(arr, prev) + tt
+                D[j, n0:n1] = e if blk is None else np.maximum(e, blk)
+                continue
+            e = arr + tt
+            if blk is not None:
                 e = np.maximum(e, blk)
             if n0 > 0:
                 e[0] = max(e[0], D[j, n0 - 1] + tt[0])
