@@ -640,6 +640,17 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         cal["l2_rms_rel_error"] = l2["rms_rel_error"]
         cal["l2_max_rel_error"] = l2["max_rel_error"]
         cal["l2_rms_rel_error_all_points"] = l2["rms_rel_error_all_points"]
+        dram_csvs = sorted((ROOT / "results/validation/h100/dram_probe").glob("dram_probe_ncu_*.csv"))
+        if sp is harness and dram_csvs:
+            # what pipelines keep in L2 and send back to DRAM, on ncu's bytes of probe pipelines
+            # (bench/dram_probe.py); DRAM only, so before the fits whose times read those bytes
+            sys.path.insert(0, str(ROOT / "bench"))
+            from dram_probe import fit_probes
+
+            from kitsune_dse.calibrate.fit_dram import FIELDS, fit_pipeline_l2
+            d = fit_pipeline_l2(spec_from_dict(data, name), fit_probes(dram_csvs))
+            data["efficiency"] = {**data["efficiency"], **{k: d[k] for k in FIELDS}}
+            cal["pipeline_l2_fit"] = {**d, "measurements": [str(c.relative_to(ROOT)) for c in dram_csvs]}
         if pipe_ew:
             cal["harness_stage_hbm"] = (f"the harness's persistent-kernel elementwise stage (2 x 256 "
                                         f"threads per SM) fits {pipe_ew['per_sm_Bps'] / 1e9:.3g} GB/s per SM, "

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
+from kitsune_dse.cost.l2_residency import (free_row_blocks, ring_cycle_stream_bytes, streamed_weight_hit,
+                                          write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
@@ -301,24 +303,6 @@ def _dual_gemms(g, atoms: list[tuple[str, ...]]) -> list[tuple[str, ...]]:
     return [tuple(a) for a in out]
 
 
-def _ring_write_back(region: Region, plan: StagePlan, queue_bytes: float, l2_bytes: float) -> float:
-    """Fraction of the ring bytes written back to DRAM: 1 when a ring generation's L2 working
-    set (the slots plus the region's DRAM stream while they turn over once) exceeds the L2, so
-    that LRU evicts a dirty slot before the next generation overwrites it; else 0.
-    Measured (ncu): attention-head softmax | pv on 8192-row units (33.6 MB of slots, 42 MB
-    streamed per generation) wrote 120 MB more than its outputs; the same op on 128-row units
-    (16.8 MB of slots, 10 MB per generation) none."""
-    if queue_bytes <= 0 or len(plan.choice.stages) < 2:
-        return 0.0
-    g = region.graph
-    reads, writes = region.compulsory_bytes()
-    weights = sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items() if t in g.weights)
-    stream = max(0.0, reads - weights) + writes
-    units = max(1, plan.row_blocks * plan.slabs)
-    per_gen = stream * min(1.0, max(plan.choice.depths) * plan.slabs / units)
-    return 1.0 if queue_bytes + per_gen > l2_bytes else 0.0
-
-
 def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     """Per stage, the KernelWork of each of its fused groups for one hand-off unit (a
     row-block, or one slab of it): a stage runs its groups one after another on every unit.
@@ -338,13 +322,39 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
             extra = float(weight_reread_bytes(work, sms[j])) * units / work.inflight
             reread += extra
             tot_r += extra
+    partial, evicted = _l2_evictions(core, spec, sms)
     return [list(w) for w in core.works], {
-        "dram_read_bytes": tot_r, "dram_write_bytes": core.write_bytes,
-        "weight_reread_bytes": reread, "queue_bytes": core.queue_bytes,
+        "dram_read_bytes": tot_r + partial + evicted, "dram_write_bytes": core.write_bytes + partial,
+        "weight_reread_bytes": reread, "resident_weight_reread_bytes": evicted,
+        "queue_bytes": core.queue_bytes,
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
+        "partial_sum_write_back_bytes": partial, "l2_footprint_bytes": core.footprint,
         "weights_resident": list(core.resident), "stage_shapes": list(core.shapes),
         "stage_single_works": list(core.single), "stage_inflight": list(core.inflight),
         "stage_splitk": list(core.splitk), "stage_slab_writer": list(core.slab_writer)}
+
+
+def _l2_evictions(core, spec: HwSpec, sms) -> tuple[float, float]:
+    """DRAM bytes of what L2 evicts beyond the rings' write-back (cost.l2_residency), at the
+    stages' SM counts: split_k consumers' fp32 partial sums (every K range of a tile stores its
+    partial and the last one reads them all back; the ksplit planes of workspace join the L2
+    footprint; the share L2 evicts goes to DRAM and comes back, each way), and resident weights
+    read again (per row-block, write_back_fraction x l2_resident_reread x their share of the L2
+    of them: 4 probes, 2-17 MB of weights, within 20%)."""
+    partial, ws = 0.0, 0.0
+    for j, sk in enumerate(core.splitk):
+        if not sk:
+            continue
+        ks = runtime_ksplit(sk["n_tiles"], TEAMS_PER_SM * int(sms[j]), sk["k"], sk["slab_w"],
+                            sk["ws_per_split"])
+        if ks > 1:
+            ws += ks * sk["ws_per_split"]
+            f = write_back_fraction(core.footprint + ks * sk["ws_per_split"], spec)
+            partial += f * ks * sk["partial_rb_bytes"] * sk["rbs"]
+    w = core.resident_weight_bytes
+    f = write_back_fraction(core.footprint + ws, spec)
+    reread = f * spec.efficiency.l2_resident_reread * w * (w / spec.l2_bytes) * core.row_blocks
+    return partial, reread
 
 
 @dataclass(frozen=True)
@@ -363,6 +373,9 @@ class _StageWorks:
     splitk: tuple[dict | None, ...]         # one-step split_k consumers: what their K split needs
     slab_writer: tuple[int | None, ...] = ()  # several-step stages writing a split_k queue: the
                                             # items of their last step in one plan row-block
+    footprint: float = 0.0                  # L2 footprint of one ring cycle (_l2_footprint)
+    resident_weight_bytes: float = 0.0      # weights kept in L2 over several row-blocks
+    row_blocks: int = 1                     # the runtime's row-blocks
 
 
 def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
@@ -386,7 +399,6 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     queue_bytes = ring_bytes(plan)
     budget = spec.l2_usable_bytes
     spill_frac = max(0.0, (queue_bytes - budget) / queue_bytes) if queue_bytes > 0 else 0.0
-    wb_frac = _ring_write_back(region, plan, queue_bytes, spec.l2_bytes)
     # a stage's groups hand each unit's intermediates to each other through L2: reserve that
     # working set before pinning weights in what is left beside the queues
     subs = [Region.of(g, st) for st in c.stages]
@@ -402,6 +414,15 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     resident = _resident_weights(plan, max(0.0, left - min(intra_ws, left)))
     resident_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if N > 1 else 0.0
     intra_budget = max(0.0, left - resident_w)
+    rbs = runtime_row_blocks(plan)
+    bm, rb_per_unit = runtime_block(plan)
+    # (weights the runtime's row-blocks read again, kept in L2 or streamed each time)
+    kept_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if rbs > 1 else 0.0
+    footprint = _l2_footprint(region, plan, stage_atoms, resident, kept_w, queue_bytes, bm,
+                              rb_per_unit, rbs)
+    wb_frac = write_back_fraction(footprint, spec)
+    hit = streamed_weight_hit(sum(w for w, r in zip(plan.stage_weights, resident) if not r)
+                              if rbs > 1 else 0.0, spec)
     # units a stage can work on at once: its input ring and its output ring bound how many
     # row-blocks are available and writable (a lone stage sees the whole stream)
     # (a GEMM writing the output ring waits for its slot only before its epilogue: its main
@@ -419,8 +440,6 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     out, shapes, read_terms, single, splitk, writers = [], [], [], [], [], []
     tot_w = spill = write_back = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
-    rbs = runtime_row_blocks(plan)
-    bm, rb_per_unit = runtime_block(plan)
     for j, st in enumerate(c.stages):
         sub, atoms = subs[j], stage_atoms[j]
         # the stage's workers split over all its steps' items: row-blocks in flight at once
@@ -466,17 +485,18 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                     cons = [x for x in g.consumers(t) if x in region.op_set and x not in aset]
                     if any(x in sub.op_set for x in cons):
                         if b / units <= intra_budget:
-                            l2 += b
+                            l2 += b                    # a ring between the stage's steps, whose
+                            if not any(x not in sub.op_set for x in cons):  # slots L2 may evict
+                                d_w += wb_frac * b
+                                write_back += wb_frac * b
                         else:                                      # written once, re-read by each
                             d_w += b
                     if any(x not in sub.op_set for x in cons):    # into an output queue
-                        # the slots' dirty lines also go to DRAM when the stream evicts them
-                        # before the next generation overwrites them (their reads still hit L2);
-                        # a tensor that fits L2 whole is not (bsp keeps it there as well)
-                        wb = wb_frac if b > budget else 0.0
-                        d_w += (spill_frac + (1 - spill_frac) * wb) * b
+                        # the slots' dirty lines also go to DRAM when L2 evicts them before
+                        # the next generation overwrites them (their reads still hit L2)
+                        d_w += (spill_frac + (1 - spill_frac) * wb_frac) * b
                         spill += spill_frac * b
-                        write_back += (1 - spill_frac) * wb * b
+                        write_back += (1 - spill_frac) * wb_frac * b
                         l2 += (1 - spill_frac) * b
             read_terms.append(d_r)
             tot_w += d_w
@@ -484,7 +504,10 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             # a stage of several steps is timed worker by worker (stage_sim) on one unit's work
             k_inf = inflight[j] if len(atoms) == 1 else 1
             reread_info = {"weight_pass_bytes": w_pass, "rbs": rbs, "items_per_rb": stage_items,
-                           "rbs_at_once_max": at_once} if w_pass else None
+                           "rbs_at_once_max": at_once,
+                           "free_rbs": free_row_blocks(j, J, rbs, c.depths[0] * rb_per_unit if J > 1 else rbs),
+                           "weight_share": spec.efficiency.l2_weight_share,
+                           "weight_l2_hit": hit} if w_pass else None
             work = _atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
                               k_inf, bm, slabs, reread_info)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
@@ -516,7 +539,41 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                        write_back, tuple(resident), tuple(single),
                        tuple(i if len(a) == 1 or not w else max(i, slabs)
                              for i, a, w in zip(inflight, stage_atoms, writers)),
-                       tuple(splitk), tuple(writers))
+                       tuple(splitk), tuple(writers), footprint, kept_w, rbs)
+
+
+def _intra_slots(g, atom, bm: int, rb_per_unit: int, rbs: int) -> tuple[int, int]:
+    """(slots, slot bytes) of the ring a stage's step writes for the next step of the same
+    stage (validate/lower.py: room for the plan tile's row-blocks, at least two, capped)."""
+    out = g.tensors[g.op(atom[-1]).outputs[0]]
+    cols = out.shape[-1] if out.shape else 1
+    slot = bm * cols * DTYPE_BYTES[out.dtype]
+    return min(rbs, max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot)))), slot
+
+
+def _l2_footprint(region: Region, plan: StagePlan, stage_atoms, resident, resident_w: float,
+                  queue_bytes: float, bm: int, rb_per_unit: int, rbs: int) -> float:
+    """What a pipeline keeps in L2 while its rings turn over once (cost.l2_residency): the
+    queues' and the stages' inner rings' slots, the resident weights, and the DRAM stream of
+    one ring cycle (the weights that do not stay resident stream once per row-block)."""
+    g = region.graph
+    c = plan.choice
+    later_of = [{o for st in c.stages[j + 1:] for o in st} for j in range(len(c.stages))]
+    intra, cycle = 0.0, 1
+    for j, atoms in enumerate(stage_atoms):
+        for a in atoms[:-1]:
+            if any(x in later_of[j] for o in a for t in g.op(o).outputs for x in g.consumers(t)):
+                continue        # its ring is a plan queue (already in queue_bytes)
+            n, slot = _intra_slots(g, a, bm, rb_per_unit, rbs)
+            intra += n * slot
+            cycle = max(cycle, n)
+    for d in c.depths:
+        cycle = max(cycle, min(rbs, d * rb_per_unit))
+    reads, writes = region.compulsory_bytes()
+    weights = sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items() if t in g.weights)
+    streamed = sum(w for w, r in zip(plan.stage_weights, resident) if not r) if rbs > 1 else 0.0
+    stream = max(0.0, reads - weights) + writes + streamed * rbs
+    return queue_bytes + intra + resident_w + ring_cycle_stream_bytes(stream, rbs, cycle)
 
 
 # The runtime's items per row-block (validate/lower.py): a GEMM's output column tiles of 128 (a
@@ -697,7 +754,7 @@ def _splitk_info(region: Region, plan: StagePlan, j: int, atom, bm: int, rbs: in
     nslots = min(c.depths[j - 1] * rb_per_unit, rbs)
     return {"n_tiles": _atom_items(g, atom, bm, rbs), "k": gd.k, "slab_w": slab_w,
             "ws_per_split": nslots * nb * bm * gd.n * 4, "slabs": plan.slabs,
-            "rb_per_unit": rb_per_unit}
+            "rb_per_unit": rb_per_unit, "rbs": rbs, "partial_rb_bytes": nb * bm * gd.n * 4}
 
 
 def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:

@@ -65,6 +65,11 @@ class KernelWork:
     rbs: int = 1
     items_per_rb: int = 1
     rbs_at_once_max: float = 1.0
+    free_rbs: float = -1.0         # of the rbs, those run in lock-step rounds (the rest paced one
+                                   # at a time: cost.l2_residency.free_row_blocks); < 0: all
+    weight_share: float = 1.0      # efficiency.l2_weight_share of the spec it was costed with
+    weight_l2_hit: float = 0.0     # share of a re-read pass L2 still holds (cost.l2_residency
+                                   # .streamed_weight_hit: the stages' streamed weights against L2)
 
     @property
     def dram_bytes(self) -> float:
@@ -185,13 +190,21 @@ def lone_share(work: KernelWork, spec: HwSpec) -> float:
 def weight_reread_bytes(work: KernelWork, s):
     """DRAM bytes of a persistent step's weights read again beyond the first pass: the stage's
     workers hold cps * s / items_per_rb row-blocks at once (at most rbs_at_once_max, what its
-    rings admit) and those share each fetch of a weight tile through L2, so the weights stream
-    rbs / that many times."""
+    rings admit) and, while the stage runs free, those share each fetch of a weight tile
+    through L2; paced row-blocks read the weights each; of every pass again, L2 still holds
+    weight_l2_hit (cost.l2_residency)."""
     if not work.weight_pass_bytes or work.rbs <= 1:
         return np.zeros_like(np.asarray(s, dtype=float)) if np.ndim(s) else 0.0
-    at_once = np.clip(max(1, work.ctas_per_sm) * np.asarray(s, dtype=float) / max(1, work.items_per_rb),
-                      1.0, max(1.0, min(float(work.rbs), work.rbs_at_once_max)))
-    return work.weight_pass_bytes * (work.rbs / at_once - 1.0)
+    cap = max(1.0, min(float(work.rbs), work.rbs_at_once_max))
+    free = float(work.rbs) if work.free_rbs < 0 else min(float(work.rbs), work.free_rbs)
+    cps = max(1, work.ctas_per_sm)
+    if np.ndim(s) == 0:     # the search's scalar calls: no NumPy dispatch
+        a = min(max(cps * float(s) / max(1, work.items_per_rb), 1.0), cap)
+        a = max(1.0, 1.0 + work.weight_share * (a - 1.0))
+        return work.weight_pass_bytes * (1.0 - work.weight_l2_hit) * (free / a + (work.rbs - free) - 1.0)
+    a = np.clip(cps * np.asarray(s, dtype=float) / max(1, work.items_per_rb), 1.0, cap)
+    a = np.maximum(1.0, 1.0 + work.weight_share * (a - 1.0))
+    return work.weight_pass_bytes * (1.0 - work.weight_l2_hit) * (free / a + (work.rbs - free) - 1.0)
 
 
 def _sms_streaming(work: KernelWork, s):

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator)
+                      field_validator, model_validator)
 
 from kitsune_dse import resources
 from kitsune_dse.errors import KitsuneError, closest
@@ -83,15 +83,37 @@ class Efficiency(_Strict):
     persistent_lone_team: Annotated[float, Field(ge=0.5, le=1)] = 0.5  # a persistent GEMM tile
                                   # alone on its SM: its share of the SM's two-team rate (0.5:
                                   # no faster than beside the other team)
+    l2_weight_share: Frac = 0.8   # a persistent GEMM stage running free: of the row-blocks its
+                                  # workers hold at once beyond the first, the share whose weight
+                                  # tiles come from one L2 fetch (measured 0.77-0.93 with ncu,
+                                  # bench/dram_probe.py free-*)
+    l2_writeback_onset: Frac = 0.4  # a pipeline's L2 footprint (rings, resident weights, K-split
+                                  # partials, the stream of one ring cycle) as a share of l2_bytes
+                                  # above which dirty ring lines start to be evicted before the next
+                                  # generation overwrites them (written back to DRAM) ...
+    l2_writeback_full: Frac = 0.8  # ... and at which all of them are (bench/dram_probe.py wb*-)
+    l2_resident_reread: Annotated[float, Field(ge=0, le=4, allow_inf_nan=False)] = 0.37
+                                  # weights a pipeline keeps in L2: per row-block it reads this x
+                                  # their share of the L2 x the write-back fraction of them again
+                                  # (evicted beside the rings; bench/dram_probe.py wb*-: 0.30-0.41)
+
+    @model_validator(mode="after")
+    def _writeback_ramp(self):
+        if self.l2_writeback_full <= self.l2_writeback_onset:
+            raise ValueError(f"l2_writeback_full ({self.l2_writeback_full:g}) must exceed "
+                             f"l2_writeback_onset ({self.l2_writeback_onset:g})")
+        return self
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
-                   "persistent_lone_team"}
+                   "persistent_lone_team", "l2_weight_share", "l2_writeback_onset", "l2_writeback_full",
+                   "l2_resident_reread"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
-                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team"}
+                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team",
+                    "l2_weight_share", "l2_writeback_onset", "l2_writeback_full"}
 
 
 class Calibration(BaseModel):

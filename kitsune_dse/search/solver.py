@@ -583,7 +583,9 @@ class _Cover:
         # objective's lower bound: nerf-mlp's solve 1.3 -> 0.75 s, chain-100 1.3 -> 0.7, no zoo
         # model slower (each alone won on some models and lost on others)
         p.linearization_level = 2
-        p.use_objective_lb_search = True
+        # (only from a hint: alone on its one worker the bound search can spend its whole budget
+        # without a solution, which ended ln-residual-gemm's alternatives after the first)
+        p.use_objective_lb_search = hint is not None
         st = s.solve(m)
         return s, st
 

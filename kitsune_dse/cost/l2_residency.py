@@ -1,0 +1,68 @@
+"""What a persistent pipeline's L2 keeps and what it sends back to DRAM: pure functions the
+pipeline model (cost.pipeline) and the roofline (weight re-reads) call.
+
+Measured with ncu on probe pipelines that are not the validation suite's (bench/dram_probe.py,
+results/validation/h100/dram_probe/):
+
+* Weight sharing. A GEMM stage's workers take the items (row-block, column tile) in order;
+  the items of the row-blocks one round of workers holds start together and share each
+  weight tile's fetch through L2. Only a stage that runs free keeps that lock-step:
+  - one stage alone: 0.77-0.93 of the ideal sharing (efficiency.l2_weight_share);
+  - a stage fed through a queue gets each row-block when its producer publishes it, a period
+    later than the last: its weights stream once per row-block (fed-*: 32.0-32.8 passes over
+    32 row-blocks at ring depths 4 and 6);
+  - the first stage runs free until its output ring holds it back, then the consumer paces
+    it one row-block at a time (held-fc2-d8: 17.3 passes where 2 x depth = 16 free row-blocks
+    and 16 paced ones make 18).
+* Write-back. A ring slot's dirty lines reach DRAM when L2 evicts them before the next
+  generation overwrites them. With the weights streaming (re-read per row-block) that is every
+  line; with everything resident it grows with the footprint the rings, the resident weights,
+  the K-split partial sums and the stream of one ring cycle make: none up to ~20 MB, 47% at
+  29 MB, 95% at 42 MB of the H100's 50 MB (efficiency.l2_writeback_onset / _full).
+"""
+from __future__ import annotations
+
+import math
+
+from kitsune_dse.hw.spec import HwSpec
+
+# the first stage of a pipeline runs free for this many times its output ring's row-blocks
+# before its consumer paces it (a consumer drains while the producer fills: held-fc2-d8)
+PACED_FREE_DEPTHS = 2.0
+
+
+def free_row_blocks(stage: int, n_stages: int, rbs: int, out_ring_rbs: int) -> float:
+    """Row-blocks stage `stage` of `n_stages` processes in lock-step rounds (sharing weight
+    fetches across row-blocks); the rest it processes one row-block at a time."""
+    if n_stages <= 1:
+        return float(rbs)
+    if stage > 0:
+        return 0.0
+    return float(min(rbs, PACED_FREE_DEPTHS * max(1, out_ring_rbs)))
+
+
+def streamed_weight_hit(streamed_weight_bytes: float, spec: HwSpec) -> float:
+    """Share of a weight pass beyond the first that L2 still holds when the stages stream
+    `streamed_weight_bytes` of weights that do not fit it between two passes: exp(-D / L2), a
+    cache that evicts lines at random rather than strictly the least recent (ln-residual-gemm's
+    two 33.5 MB weights: 42 passes measured of the 58 its row-blocks make, exp(-67 / 52) = 0.28
+    held; 134-302 MB of weights: within 8% of no hit)."""
+    if streamed_weight_bytes <= 0:
+        return 0.0
+    return math.exp(-streamed_weight_bytes / spec.l2_bytes)
+
+
+def write_back_fraction(footprint_bytes: float, spec: HwSpec) -> float:
+    """Share of a pipeline's ring (and partial-sum) bytes written back to DRAM: a ramp over its
+    L2 footprint between efficiency.l2_writeback_onset and _full of the L2."""
+    eff = spec.efficiency
+    lo, hi = eff.l2_writeback_onset * spec.l2_bytes, eff.l2_writeback_full * spec.l2_bytes
+    if not math.isfinite(footprint_bytes):
+        return 1.0
+    return float(min(1.0, max(0.0, (footprint_bytes - lo) / (hi - lo))))
+
+
+def ring_cycle_stream_bytes(stream_bytes: float, rbs: int, cycle_rbs: int) -> float:
+    """DRAM bytes the region moves while its rings turn over once (cycle_rbs of rbs row-blocks):
+    they pass through L2 beside the slots."""
+    return stream_bytes * min(1.0, cycle_rbs / max(1, rbs))
