@@ -135,7 +135,9 @@ def build(suite: Path) -> list[dict]:
                     ends = pl.get("stage_end_us") or []
                     units = [s.get("unit_s") or 0.0 for s in reg["stages"]]
                     for j, (st, e) in enumerate(zip(reg["stages"], ends)):
-                        pred_end = reg["predicted_s"] - sum(units[j + 1:])
+                        # the queue model's departure of the stage's last unit; plans made before
+                        # it was recorded: the region's end less the later stages' unit times
+                        pred_end = st.get("end_s") or reg["predicted_s"] - sum(units[j + 1:])
                         if e > 0 and pred_end > 0:
                             out.append({"kind": "stage", "workload": name, "alternative": stem, "variant": "plan",
                                         "item": f"region {reg['id']} stage {j} [{'+'.join(st['ops'])}] on {st['sms']} SMs",

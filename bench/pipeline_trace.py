@@ -3,7 +3,8 @@ against the queue model's departure times. A diagnostic of the pipeline model (i
 suite's stage ends say *that* a stage is late; this says from which unit on, and by how much.
 
     here:    python bench/pipeline_trace.py --prepare     # model departures + traced cubins
-    device:  python3 bench/pipeline_trace.py --run --out $OUT [--runs 10]
+             [--plans 'bench/dram_probe/*split*.json' --targets bench/dram_probe/trace_targets.json]
+    device:  python3 bench/pipeline_trace.py --run --out $OUT [--runs 10] [--targets ...]
     here:    python bench/pipeline_trace.py --report DIR  # table: measured vs model per unit
 
 The traced kernel is the suite's persistent kernel plus one 64-bit atomicMax of %globaltimer per
@@ -28,15 +29,17 @@ if (ROOT / "bench/.cubin_cache").is_dir():
 TARGETS = ROOT / "bench/suite/trace_targets.json"
 
 
-def _targets() -> list[tuple[str, int]]:
-    """Every pipeline region of the suite's plans, one per distinct (stages, SMs, tile, queues)."""
+def _targets(plans: str = "bench/suite/*/plans/*.json") -> list[tuple[str, int]]:
+    """Every pipeline region of the plans (default the suite's), one per distinct (stages,
+    SMs, tile, queues)."""
     out, seen = [], set()
-    for p in sorted(glob.glob(str(ROOT / "bench/suite/*/plans/*.json"))):
+    for p in sorted(glob.glob(str(ROOT / plans))):
         plan = json.load(open(p))
         for i, r in enumerate(plan["regions"]):
             if r["strategy"] != "pipeline":
                 continue
-            key = (Path(p).parts[-3], json.dumps([s["ops"] for s in r["stages"]]),
+            key = (Path(p).parts[-3], json.dumps(plan["model"].get("sizes"), sort_keys=True),
+                   json.dumps([s["ops"] for s in r["stages"]]),
                    tuple(s["sms"] // 4 for s in r["stages"]), r["stages"][0]["tile"]["rows"],
                    tuple((q["depth"], q["mode"]) for q in r["queues"]))
             if key in seen:
@@ -79,10 +82,10 @@ def model_departures(plan_path: str, ri: int) -> dict:
             "predicted_latency_s": est.latency_s}
 
 
-def prepare(precompile: bool = True) -> None:
-    rows = [model_departures(path, ri) for path, ri in _targets()]
-    TARGETS.write_text(json.dumps(rows, indent=1))
-    print(f"{len(rows)} pipeline regions -> {TARGETS.relative_to(ROOT)}")
+def prepare(precompile: bool = True, plans: str = "bench/suite/*/plans/*.json", targets: Path = TARGETS) -> None:
+    rows = [model_departures(path, ri) for path, ri in _targets(plans)]
+    targets.write_text(json.dumps(rows, indent=1))
+    print(f"{len(rows)} pipeline regions -> {targets}")
     if precompile:
         _precompile(rows)
 
@@ -119,7 +122,7 @@ def _precompile(rows) -> None:
             print(msg.splitlines()[0])
 
 
-def run(out: Path, runs: int) -> None:
+def run(out: Path, runs: int, targets: Path = TARGETS) -> None:
     import cupy as cp
 
     from kitsune_dse.validate.harness import _fill_inputs
@@ -130,7 +133,7 @@ def run(out: Path, runs: int) -> None:
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flusher()
     res = []
-    for row in json.loads(TARGETS.read_text()):
+    for row in json.loads(targets.read_text()):
         try:
             reg, tensors, v = _variant(row, info)
             with stream:
@@ -205,11 +208,13 @@ def main() -> None:
     ap.add_argument("--out", type=Path)
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--report", type=Path)
+    ap.add_argument("--plans", default="bench/suite/*/plans/*.json", help="plan files to trace (--prepare)")
+    ap.add_argument("--targets", type=Path, default=TARGETS, help="the targets file --prepare writes, --run reads")
     a = ap.parse_args()
     if a.prepare:
-        prepare(not a.no_precompile)
+        prepare(not a.no_precompile, a.plans, a.targets)
     if a.run:
-        run(a.out or Path("."), a.runs)
+        run(a.out or Path("."), a.runs, a.targets)
     if a.report:
         report(a.report)
 

@@ -242,7 +242,8 @@ def _entry(path: Path, plan: dict, kind: str, rank, label=None) -> dict:
             "implemented": all(s in HARNESS_STRATEGIES for s in strategies),
             "regions": [{"id": r["id"], "strategy": r["strategy"], "predicted_s": r["predicted"]["latency_s"],
                          "stages": [{"ops": s["ops"], "sms": s["sms"], "tile": s.get("tile"),
-                                     "unit_s": s.get("predicted_unit_latency_s")} for s in r.get("stages", [])],
+                                     "unit_s": s.get("predicted_unit_latency_s"),
+                                     "end_s": s.get("predicted_end_s")} for s in r.get("stages", [])],
                          "queues": [{"depth": q.get("depth"), "mode": q.get("mode")} for q in r.get("queues", [])],
                          "pipeline": r.get("pipeline")}
                         for r in plan["regions"]]}

@@ -79,6 +79,14 @@ def test_alternatives_are_distinct_and_ranked(gpt3_run):
     assert len(keys) == len(plans)
 
 
+def test_a_rerun_with_fewer_alternatives_leaves_none_of_the_last_ones(tmp_path):
+    explore("gpt3-mlp", "h100-sxm", out=tmp_path, sets=SMALL, alternatives=2, plots=False)
+    assert sorted(p.name for p in tmp_path.glob("plan-*.json")) == ["plan-2.json", "plan-3.json"]
+    (tmp_path / "plan-notes.json").write_text("{}")          # not ours: kept
+    explore("gpt3-mlp", "h100-sxm", out=tmp_path, sets=SMALL, alternatives=0, plots=False)
+    assert sorted(p.name for p in tmp_path.glob("plan-*.json")) == ["plan-notes.json"]
+
+
 def test_rerun_gives_byte_identical_reports(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     explore("nerf-mlp", "a100-sxm-80gb", out=a, sets={"rays": 256}, plots=False)

@@ -94,3 +94,25 @@ def test_fit_recovers_a_synthetic_truth():
 def replace_eff(spec, **eff):
     return spec.model_copy(update={"efficiency": spec.efficiency.model_copy(update=eff)})
 
+
+
+def test_a_split_k_consumer_runs_the_runtimes_k_ranges_not_the_slabs():
+    # 65536 rows of hidden 512 and ffn 2048: fc2's 4 column tiles per row-block, K = 2048 fed in
+    # 4 slabs; on 66 SMs (132 workers) the runtime splits K in 2 ranges of 1024, so a row-block
+    # has 8 items of 1024 of K (each a whole tile's fixed cost and a poll per 128-column slab),
+    # not 16 slab-tiles of 512
+    from kitsune_dse.cost.pipeline import plan_stages, splitk_unit_time, stage_works
+    from kitsune_dse.cost.roofline import kernel_time
+    r = Region.of(mlp_graph(65536, 512, 2048))
+    ch = PipelineChoice((("fc1", "gelu"), ("fc2", "residual")), (66, 66), 128, (8,), ("split_k",))
+    plan = plan_stages(r, H100, ch)
+    works, tot = stage_works(r, H100, plan)
+    sk, (w,) = tot["stage_splitk"][1], works[1]
+    assert (sk["n_tiles"], sk["k"], sk["slabs"]) == (4, 2048, 4)
+    assert runtime_ksplit(4, 132, 2048, 128, sk["ws_per_split"]) == 2
+    assert w.inflight == 32 and w.tiles == 4 * 32             # 8 row-blocks x 4 slabs held at once
+    items = w.but(tiles=4 * 32 * 2 // 4, split_k=1, slab_polls=2048 / (128 * 2))
+    assert splitk_unit_time([w], sk, H100, 66) == pytest.approx(kernel_time(items, H100, 66) / 32, rel=1e-12)
+    # per SM count, as the search's tables take it
+    s = np.array([33.0, 66.0])
+    assert splitk_unit_time([w], sk, H100, s)[1] == pytest.approx(splitk_unit_time([w], sk, H100, 66), rel=1e-12)

@@ -153,6 +153,11 @@ def test_two_memory_bound_stages_by_hand():
     assert e.breakdown["slot_bytes"] == [2 * MiB] and e.breakdown["queue_tensors"] == [["t1"]]
     # equal stages: sum(t) + sync + (N-1) max(t); then one graph node
     assert e.latency_s == pytest.approx(2 * t + 0.56e-6 + 7 * t + 0.8e-6, rel=1e-9)
+    # each stage's last unit leaves: the last stage at the makespan, the first a hand-off and
+    # a unit time before it (what the harness's per-stage end times are compared with)
+    ends = e.breakdown["stage_end_s"]
+    assert ends[1] == pytest.approx(e.latency_s - 0.8e-6, rel=1e-9)
+    assert ends[0] == pytest.approx(ends[1] - t - 0.56e-6, rel=1e-9)
     assert e.dram_read_bytes == 16 * MiB and e.dram_write_bytes == 16 * MiB
     assert e.kernel_launches == 1 and e.l2_bytes == 2 * 2 * MiB
     # on 66 + 66 SMs the stages together would pull 2 x B(66) > B(132): the chip's DRAM binds.

@@ -60,3 +60,4 @@ def fit_pipeline_l2(spec: HwSpec, probes: list[dict]) -> dict:
             "rms_log_error_before": float(np.sqrt(np.mean(before ** 2))),
             "rms_log_error": float(np.sqrt(np.mean(after ** 2))),
             "residual_pct": {p["name"]: round(100 * (math.exp(v) - 1), 1) for p, v in zip(probes, after)}}
+

@@ -781,7 +781,8 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
                    "makespan_s": sim.makespan_s,
                    "dram_bound_s": bw_bound, "fill_s": sim.fill_s, "drain_s": sim.drain_s,
                    "period_s": sim.period_s, "bottleneck_stage": sim.bottleneck_stage,
-                   "stall_s": sim.stall_s.tolist(), "queue_mean_occupancy": sim.mean_occupancy.tolist(),
+                   "stall_s": sim.stall_s.tolist(), "stage_end_s": sim.stage_ends_s.tolist(),
+                   "queue_mean_occupancy": sim.mean_occupancy.tolist(),
                    "queue_max_occupancy": sim.max_occupancy.tolist(),
                    "slot_bytes": list(plan.slot_bytes),
                    "queue_tensors": [list(q) for q in plan.queue_tensors],
@@ -789,11 +790,35 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     ).check()
 
 
+def splitk_unit_time(works_j, sk: dict, spec: HwSpec, sms):
+    """Per unit, a one-step split_k consumer's time (scalar or per SM count) as the runtime
+    splits it: each output tile's K in runtime_ksplit ranges, one item each (a whole tile's
+    fixed cost, a poll per slab of its range), not in the queue's slabs. Its work for the units
+    it holds at once has n_tiles x ksplit / slabs items per unit (measured: a 2048-K consumer
+    split 2 ways on 66 SMs ran 4.4 us a row-block, where 4 slab-tiles a unit priced 2.0)."""
+    (w,) = works_j
+    s_arr = np.atleast_1d(np.asarray(sms, dtype=float))
+    out = np.empty(s_arr.shape)
+    ks_of = np.array([runtime_ksplit(sk["n_tiles"], TEAMS_PER_SM * int(x), sk["k"], sk["slab_w"],
+                                     sk["ws_per_split"]) for x in s_arr])
+    for ks in np.unique(ks_of):
+        idx = ks_of == ks
+        item = w.but(tiles=max(1, math.ceil(w.tiles * int(ks) / sk["slabs"])), split_k=1,
+                     slab_polls=sk["k"] / (sk["slab_w"] * int(ks)))
+        out[idx] = kernel_time(item, spec, s_arr[idx]) / w.inflight
+    return out if np.ndim(sms) else float(out[0])
+
+
+def _unit_times(works, totals: dict, sms, spec: HwSpec):
+    """Per-unit time of every stage at its SM count."""
+    return np.array([splitk_unit_time(w, sk, spec, s) if sk else stage_unit_time(w, spec, s, sh)
+                     for w, s, sh, sk in zip(works, sms, totals["stage_shapes"], totals["stage_splitk"])])
+
+
 def _time_stages(works, totals: dict, plan: StagePlan, spec: HwSpec, units: int):
     """Per-unit stage times, servers, the tandem-queue simulation and the DRAM bound."""
     c = plan.choice
-    t = np.array([stage_unit_time(w, spec, s, sh)
-                  for w, s, sh in zip(works, c.sms, totals["stage_shapes"])])
+    t = _unit_times(works, totals, c.sms, spec)
     srv = stage_servers(totals, c.sms, t, units, works, spec)
     depths = tuple(d * plan.slabs for d in c.depths)
     sim = _tandem(t, srv, units, depths, plan.slabs, spec)
@@ -928,7 +953,7 @@ def _extrapolated(sim, lat: np.ndarray, servers: np.ndarray, units: int):
     busy = lat * units / servers
     stall = np.maximum((last - sim.starts[:, 0]) - busy, 0.0)
     return QueueResult(D, sim.starts, makespan, sim.fill_s, float(makespan - last[0]), float(period[-1]),
-                       int(np.argmax(busy)), stall, sim.mean_occupancy, sim.max_occupancy)
+                       int(np.argmax(busy)), stall, sim.mean_occupancy, sim.max_occupancy, last)
 
 
 def stage_time_table(region: Region, spec: HwSpec, plan: StagePlan) -> np.ndarray:
@@ -945,8 +970,8 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     works, totals = _works_at_plan_load(region, spec, plan)
     tab = np.empty((len(works), S + 1))
     tab[:, 0] = np.inf
-    for j, (w, sh) in enumerate(zip(works, totals["stage_shapes"])):
-        tab[j, 1:] = stage_unit_time(w, spec, axis, sh)
+    for j, (w, sh, sk) in enumerate(zip(works, totals["stage_shapes"], totals["stage_splitk"])):
+        tab[j, 1:] = splitk_unit_time(w, sk, spec, axis) if sk else stage_unit_time(w, spec, axis, sh)
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
     for j, cap in enumerate(totals["stage_inflight"]):

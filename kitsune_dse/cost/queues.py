@@ -36,6 +36,12 @@ class QueueResult:
     stall_s: np.ndarray             # per stage: idle or blocked time between first start and last finish
     mean_occupancy: np.ndarray      # per queue (stages - 1): tiles held, time-averaged (Little)
     max_occupancy: np.ndarray       # per queue
+    stage_end_s: np.ndarray | None = None   # per stage: its last unit's departure (None: the
+                                            # departures' last column)
+
+    @property
+    def stage_ends_s(self) -> np.ndarray:
+        return self.departures[:, -1] if self.stage_end_s is None else self.stage_end_s
 
 
 def _stage_pass(t, arrive, block, c=None):

@@ -155,6 +155,11 @@ def explore(model: str, hw: str | HwSpec, *, out: str | Path | None = None,
         for name, writer in files.items():
             writer(out_dir / name)
             result.files.append(out_dir / name)
+        # a run with fewer alternatives than the last one in this folder must not leave the
+        # last one's extra plan-N.json behind, read as this run's
+        for old in out_dir.glob("plan-*.json"):
+            if old.stem[5:].isdigit() and old.name not in files:
+                old.unlink()
     return result
 
 

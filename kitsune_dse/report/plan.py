@@ -67,7 +67,8 @@ def region_dict(idx: int, region: Region, strategy: str, est: Estimate, choice, 
                                 "tile": {"rows": c.tile_rows, "slabs": plan.slabs},
                                 "predicted_unit_latency_s": b["stage_tile_s"][j],
                                 "servers": int(b["stage_servers"][j]),
-                                "stall_s": b["stall_s"][j]})
+                                "stall_s": b["stall_s"][j],
+                                "predicted_end_s": b["stage_end_s"][j]})
         for q in range(len(c.stages) - 1):
             d["queues"].append({"producer": q, "consumer": q + 1,
                                 "tensors": list(plan.queue_tensors[q]),
