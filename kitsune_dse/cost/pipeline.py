@@ -340,7 +340,7 @@ def _l2_evictions(core, spec: HwSpec, sms) -> tuple[float, float]:
     partial and the last one reads them all back; the ksplit planes of workspace join the L2
     footprint; the share L2 evicts goes to DRAM and comes back, each way), and resident weights
     read again (per row-block, write_back_fraction x l2_resident_reread x their share of the L2
-    of them: 4 probes, 2-17 MB of weights, within 20%)."""
+    of them; fitted on probes of 4-17 MB of weights, bench/dram_probe.py wb*-)."""
     partial, ws = 0.0, 0.0
     for j, sk in enumerate(core.splitk):
         if not sk:
