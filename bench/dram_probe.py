@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ sys.path.insert(0, str(ROOT / "bench"))
 if (ROOT / "bench/.cubin_cache").is_dir():
     os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
 
-from validate_suite import _pipe, kd  # noqa: E402
+from validate_suite import _pipe, kd, ncu_process  # noqa: E402
 
 PROBES_DIR = ROOT / "bench/dram_probe"
 SPEC = ROOT / "hw_specs/h100-sxm.calibrated.yaml"
@@ -247,20 +246,11 @@ def ncu_child(order_path: str) -> None:
 
 def ncu(out: Path, budget_s: float) -> None:
     from kitsune_dse.validate.harness import env_summary
-    from kitsune_dse.validate.ncu import ncu_command, parse_ncu_csv
     out.mkdir(parents=True, exist_ok=True)
     env = env_summary()
     order, log = out / "dram_probe_order.json", out / "dram_probe_ncu_raw.csv"
-    cmd = ncu_command(str(log)) + [sys.executable, str(Path(__file__).resolve()), "--ncu-child", str(order)]
     t0 = time.time()
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s,
-                           env=dict(os.environ, KDSE_NCU_CHILD="1"))
-        print((p.stdout + p.stderr)[-3000:])
-    except subprocess.TimeoutExpired:
-        print(f"ncu: budget of {budget_s:.0f} s spent; keeping the ranges profiled so far")
-    names = json.loads(order.read_text()) if order.exists() else []
-    res = parse_ncu_csv(log.read_text()) if log.exists() else []
+    names, res = ncu_process([str(Path(__file__).resolve()), "--ncu-child", str(order)], log, order, budget_s)
     by = {m["probe"]: m for m in json.loads((PROBES_DIR / "manifest.json").read_text())}
     rows = []
     for name, r in zip(names, res):

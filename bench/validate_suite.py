@@ -355,7 +355,6 @@ def ncu_targets(manifest: dict) -> list[tuple[str, str, list[str]]]:
 
 def ncu(out: Path, budget_s: float) -> None:
     from kitsune_dse.validate.harness import write_csv
-    from kitsune_dse.validate.ncu import ncu_command, parse_ncu_csv
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((SUITE / "manifest.json").read_text())
     targets = ncu_targets(manifest)
@@ -363,8 +362,18 @@ def ncu(out: Path, budget_s: float) -> None:
     tl.write_text(json.dumps(targets))
     order = out / "ncu_order.json"
     log = out / "ncu_raw.csv"
-    cmd = ncu_command(str(log)) + [sys.executable, str(Path(__file__).resolve()), "--ncu-child", str(tl), str(order)]
     t0 = time.time()
+    names, res = ncu_process([str(Path(__file__).resolve()), "--ncu-child", str(tl), str(order)],
+                             log, order, budget_s)
+    print(f"ncu: {len(res)} ranges for {len(names)} recorded in {time.time() - t0:.0f} s")
+    write_csv(ncu_rows(names, res), out / "validation_ncu.csv")
+
+
+def ncu_process(child_args: list[str], log: Path, order: Path, budget_s: float) -> tuple[list, list]:
+    """One Nsight Compute process over a Python child (`child_args`) that records the order of
+    its profiled ranges in `order`: (that order, ncu's parsed ranges), as far as the budget got."""
+    from kitsune_dse.validate.ncu import ncu_command, parse_ncu_csv
+    cmd = ncu_command(str(log)) + [sys.executable, *child_args]
     try:
         p = subprocess.run(cmd, capture_output=True, text=True, timeout=budget_s,
                            env=dict(os.environ, KDSE_NCU_CHILD="1"))
@@ -373,8 +382,7 @@ def ncu(out: Path, budget_s: float) -> None:
         print(f"ncu: budget of {budget_s:.0f} s spent; keeping the ranges profiled so far")
     names = json.loads(order.read_text()) if order.exists() else []
     res = parse_ncu_csv(log.read_text()) if log.exists() else []
-    print(f"ncu: {len(res)} ranges for {len(names)} recorded in {time.time() - t0:.0f} s")
-    write_csv(ncu_rows(names, res), out / "validation_ncu.csv")
+    return names, res
 
 
 def ncu_rows(names: list, res: list) -> list[dict]:

@@ -762,7 +762,6 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
     c = plan.choice
     works, totals = stage_works(region, spec, plan)
     units = plan.row_blocks * plan.slabs
-    used = sum(c.sms)
     load = chip_load(works, plan, spec)
     t, srv, sim, bw_bound = _time_stages(_with_load(works, load) if load >= 0 else works,
                                          totals, plan, spec, units)
@@ -809,9 +808,15 @@ def splitk_unit_time(works_j, sk: dict, spec: HwSpec, sms):
     return out if np.ndim(sms) else float(out[0])
 
 
+def _stage_time(works_j, shape, sk, spec: HwSpec, sms):
+    """Per-unit time of one stage (scalar or per SM count): a split_k consumer's by the
+    runtime's K ranges, any other's by stage_sim."""
+    return splitk_unit_time(works_j, sk, spec, sms) if sk else stage_unit_time(works_j, spec, sms, shape)
+
+
 def _unit_times(works, totals: dict, sms, spec: HwSpec):
     """Per-unit time of every stage at its SM count."""
-    return np.array([splitk_unit_time(w, sk, spec, s) if sk else stage_unit_time(w, spec, s, sh)
+    return np.array([_stage_time(w, sh, sk, spec, s)
                      for w, s, sh, sk in zip(works, sms, totals["stage_shapes"], totals["stage_splitk"])])
 
 
@@ -971,7 +976,7 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     tab = np.empty((len(works), S + 1))
     tab[:, 0] = np.inf
     for j, (w, sh, sk) in enumerate(zip(works, totals["stage_shapes"], totals["stage_splitk"])):
-        tab[j, 1:] = splitk_unit_time(w, sk, spec, axis) if sk else stage_unit_time(w, spec, axis, sh)
+        tab[j, 1:] = _stage_time(w, sh, sk, spec, axis)
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
     for j, cap in enumerate(totals["stage_inflight"]):
