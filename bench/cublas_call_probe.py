@@ -1,6 +1,7 @@
 """Host cost of one cuBLAS GEMM call as the validation harness's cublas baseline makes it
 (runtime.cublas_strided_batched: CuPy's cuBLAS bindings, launched eagerly): N calls back to
-back, host time per call and GPU time per call (events), for a tiny product and dlrm's GEMMs.
+back, host time per call and GPU time per call (events), for a tiny product and dlrm's GEMMs;
+and the host time of one call right after the host waited for the GPU (an eager run's first).
 
     device:  python3 bench/cublas_call_probe.py [--calls 2000]
 """
@@ -39,8 +40,22 @@ def probe(calls: int, shapes=SHAPES) -> list[dict]:
             host = (time.perf_counter() - t0) / calls
             e1.record(stream)
             e1.synchronize()
+            firsts = []     # one call right after the host waited for the GPU (as a timed run)
+            poison = cp.empty((1024,), dtype=cp.uint16)
+            flush = cp.empty((256 * 2**20,), dtype=cp.uint8)
+            ev = cp.cuda.Event()
+            for _ in range(50):
+                poison.fill(0x7E00)
+                cp.cuda.runtime.memsetAsync(flush.data.ptr, 0, flush.nbytes, stream.ptr)
+                stream.synchronize()
+                ev.record(stream)
+                t1 = time.perf_counter()
+                cublas_strided_batched(a, b, c, grp)
+                firsts.append(time.perf_counter() - t1)
+            stream.synchronize()
             rows.append({"shape": [m, n, k], "host_s": host,
-                         "gpu_s": cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / calls})
+                         "gpu_s": cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / calls,
+                         "first_host_s": sorted(firsts)[len(firsts) // 2]})
     return rows
 
 
@@ -50,7 +65,7 @@ def main() -> None:
     a = ap.parse_args()
     for r in probe(a.calls):
         print(f"cuBLAS {'x'.join(map(str, r['shape'])):>14s}: host {r['host_s'] * 1e6:6.2f} us/call, "
-              f"GPU {r['gpu_s'] * 1e6:6.2f} us/call")
+              f"GPU {r['gpu_s'] * 1e6:6.2f} us/call, first after a wait {r['first_host_s'] * 1e6:6.2f} us")
 
 
 if __name__ == "__main__":

@@ -65,7 +65,8 @@ def main() -> None:
         region = Region.of(graph)
         base = {"bsp-graph": bsp(region, spec), "bsp-eager": bsp(region, spec, LaunchChoice("eager")),
                 "fusion-graph": fusion(region, spec), "fusion": fusion(region, spec, LaunchChoice("eager")),
-                "cublas": library_bsp(region, cspec, LaunchChoice("eager"))}
+                "cublas": library_bsp(region, spec, LaunchChoice("eager"), library_spec=cspec),
+                "cublas-graph": library_bsp(region, spec, LaunchChoice("graph"), library_spec=cspec)}
         for v, e in base.items():
             r = next((x for x in rows if x["plan"] == f"{name}/whole" and x["variant"] == v), None)
             if r and r.get("measured_latency_s"):

@@ -14,12 +14,14 @@ Per workload (bench/suite/<name>/):
   plans/hand-*.json                           hand-edited plans, re-predicted by `evaluate`
   plans/whole.json                            the whole model as one fusion region: its run gives
                                               the baselines bsp-eager, bsp-graph, fusion,
-                                              fusion-graph and cublas
+                                              fusion-graph, cublas and cublas-graph
   explore/                                    the explorer's own outputs (strategies.csv, ...)
 bench/suite/manifest.json holds every plan's predictions and the baselines' predictions:
   bsp-graph <- bsp (CUDA-graph launches), bsp-eager <- bsp with eager launches, fusion-graph <-
   fusion (graph), fusion <- fusion (eager), all with hw_specs/h100-sxm.calibrated.yaml (the
-  harness's GEMM tile efficiency); cublas <- bsp eager with hw_specs/h100-sxm-cublas.calibrated.yaml.
+  harness's GEMM tile efficiency); cublas <- library_bsp eager (the GEMMs priced with
+  hw_specs/h100-sxm-cublas.calibrated.yaml, the bias and other kernels and the launches with the
+  harness's spec), cublas-graph <- the same as a CUDA graph.
 The GPU run validates every region of every plan ("plan" variant: each strategy as planned;
 tilesync and concurrent regions with programmatic dependent launches and flag hand-offs) and all variants of
 whole.json (with per-kernel event times of bsp-eager). The ncu pass measures DRAM bytes of each
@@ -46,7 +48,7 @@ SUITE = ROOT / "bench/suite"
 SPEC = ROOT / "hw_specs/h100-sxm.calibrated.yaml"
 SPEC_CUBLAS = ROOT / "hw_specs/h100-sxm-cublas.calibrated.yaml"
 RESULTS = ROOT / "results/validation/h100/suite"
-BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas"]
+BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas", "cublas-graph"]
 
 # name, zoo model, sizes, what the explorer's models say should happen
 WORKLOADS = [
@@ -155,11 +157,14 @@ def _rel(p: Path) -> str:
 
 
 def _est(e) -> dict:
+    bd = e.breakdown or {}
     return {"latency_s": e.latency_s, "dram_read_bytes": e.dram_read_bytes,
             "dram_write_bytes": e.dram_write_bytes, "kernel_launches": e.kernel_launches,
+            # time not spent in kernels: launch gaps, and launched eagerly the host's issue
+            "launch_s": bd.get("launch_s"),
             "kernels": [{"kernel": k["kernel"], "latency_s": k["latency_s"],
-                         **({"eager_step_s": k["eager_step_s"]} if "eager_step_s" in k else {})}
-                        for k in (e.breakdown or {}).get("kernels", [])]}
+                         **{f: k[f] for f in ("eager_step_s", "device_step_s") if f in k}}
+                        for k in bd.get("kernels", [])]}
 
 
 def prepare() -> None:
@@ -219,7 +224,8 @@ def prepare() -> None:
         baselines = {
             "bsp-graph": _est(bsp(region, spec)), "bsp-eager": _est(bsp(region, spec, LaunchChoice("eager"))),
             "fusion-graph": _est(fusion(region, spec)), "fusion": _est(fusion(region, spec, LaunchChoice("eager"))),
-            "cublas": _est(library_bsp(region, cspec, LaunchChoice("eager"))),
+            "cublas": _est(library_bsp(region, spec, LaunchChoice("eager"), library_spec=cspec)),
+            "cublas-graph": _est(library_bsp(region, spec, LaunchChoice("graph"), library_spec=cspec)),
         }
         manifest["workloads"].append({"name": name, "model": model, "sizes": sizes, "expect": expect,
                                       "plans": plans, "whole": _rel(d / "plans/whole.json"),

@@ -59,7 +59,9 @@ def test_accuracy_definitions():
         {"alternative": "explorer-1", "variant": "plan", "predicted": 1.0, "measured": 2.0, "error_pct": -50.0},
         {"alternative": "explorer-2", "variant": "plan", "predicted": 2.0, "measured": 1.5, "error_pct": 33.3},
         {"alternative": "bsp-graph", "variant": "bsp-graph", "predicted": 3.0, "measured": 1.0, "error_pct": 200.0},
-        {"alternative": "cublas", "variant": "cublas", "predicted": 3.0, "measured": 0.5, "error_pct": 500.0}])
+        {"alternative": "cublas", "variant": "cublas", "predicted": 3.0, "measured": 0.5, "error_pct": 500.0},
+        {"alternative": "cublas-graph", "variant": "cublas-graph", "predicted": 0.5, "measured": 0.4,
+         "error_pct": 25.0}])
     assert w["regret"] == pytest.approx(1.0)          # 2.0 over the best non-cuBLAS alternative 1.0
     assert w["regret_alt"] == pytest.approx(2.0 / 1.5 - 1)
-    assert w["worst_pct"] == pytest.approx(500.0) and w["n"] == 4
+    assert w["worst_pct"] == pytest.approx(500.0) and w["n"] == 5

@@ -213,6 +213,28 @@ def test_merge_raw_takes_the_median_of_each_measurement():
     assert m["env"] == {"date": "a"} and m["merged_from"] == ["a", "b", "c"]
 
 
+def test_merge_raw_keeps_cublas_figures_of_the_newest_call_path_only():
+    """Runs that called cuBLAS another way keep their harness and GPU figures, not cuBLAS's."""
+    from kitsune_dse.calibrate.fit import merge_raw
+
+    def run(d, v, cv):
+        return {"env": {"date": d}, "sync_latency_s": v, "cublas_version": cv,
+                "cublas_call_rows": [{"shape": [128, 128, 128], "host_s": v * 10}],
+                "tile_gemm_shapes": [{"m": 64, "n": 64, "k": 64, "tile_time_s": v, "cublas_time_s": v * 2}],
+                "tile_rows": [{"kernel": "gemm", "shape": "64x64x64", "impl": "tile", "time_s": v},
+                              {"kernel": "gemm", "shape": "64x64x64", "impl": "cublas", "time_s": v * 2}]}
+    runs = [run("a", 1.0, 0), run("b", 5.0, 0), run("c", 3.0, 1), run("d", 4.0, 1)]
+    m = merge_raw(runs)
+    assert m["cublas_version"] == 1
+    assert m["sync_latency_s"] == 3.5                               # all four runs
+    assert m["tile_gemm_shapes"][0]["tile_time_s"] == 3.5
+    assert m["tile_gemm_shapes"][0]["cublas_time_s"] == 7.0         # c and d only
+    assert m["cublas_call_rows"][0]["host_s"] == 35.0
+    cub = [r for r in m["tile_rows"] if r["impl"] == "cublas"]
+    assert len(cub) == 1 and cub[0]["time_s"] == 7.0
+    assert merge_raw(runs[:2])["cublas_call_rows"][0]["host_s"] == 30.0   # no newer run: all kept
+
+
 def test_l2_residency_fit_is_the_half_hit_crossing():
     # re-read hits 0.9 up to 24 MiB, 0.6 at 28, 0.2 at 32: one half is crossed at 29 MiB
     from kitsune_dse.calibrate.fit import fit_l2_residency

@@ -121,7 +121,8 @@ def test_the_bias_gelu_case_is_one_fused_kernel_in_the_model():
 def test_an_eager_library_gemm_costs_its_call_on_the_host():
     from kitsune_dse.cost.strategies import LaunchChoice, kernel_ends, library_bsp
     # three kernels of 1 us each, issued 5, 20 and 5 us apart: the host is the bottleneck
-    sp = CAL.model_copy(update={"launch_overhead_s": 5e-6, "kernel_gap_s": 1e-6})
+    sp = CAL.model_copy(update={"launch_overhead_s": 5e-6, "kernel_gap_s": 1e-6, "launch_first_s": None,
+                                "library_call_first_s": None})
     ends = kernel_ends([1e-6] * 3, sp, [5e-6, 20e-6, 5e-6])
     assert ends == pytest.approx([6e-6, 26e-6, 31e-6])
     assert kernel_ends([1e-6] * 3, sp) == pytest.approx([6e-6, 11e-6, 16e-6])
@@ -135,6 +136,10 @@ def test_an_eager_library_gemm_costs_its_call_on_the_host():
     assert base.kernel_launches == 15
     assert slow.latency_s > 5 * 25e-6 + 10 * 5e-6
     assert base.latency_s < slow.latency_s <= base.latency_s + 5 * 20e-6 + 1e-12
+    # host bound, the first call's extra host time (right after a wait on the GPU) adds itself
+    first = library_bsp(Region.of(g), sp.model_copy(update={"library_call_s": 25e-6,
+                                                            "library_call_first_s": 40e-6}), eager)
+    assert first.latency_s == pytest.approx(slow.latency_s + 15e-6)
 
 
 def load_model_dlrm():

@@ -408,10 +408,17 @@ def test_eager_kernel_ends_by_hand():
     # tiny kernels wait for the host: one every launch_overhead_s
     assert kernel_ends([1e-6] * 3, sp) == pytest.approx([6e-6, 11e-6, 16e-6])
     assert launch_timeline(times, sp, "eager")[0] == pytest.approx(41e-6)
+    # the run's first launch, right after the host waited for the GPU, costs 9 us: all later by 4
+    first = spec(launch_overhead_s=5e-6, kernel_gap_s=2e-6, launch_first_s=9e-6)
+    assert kernel_ends([1e-6] * 3, first) == pytest.approx([10e-6, 15e-6, 20e-6])
+    assert kernel_ends(times, first) == pytest.approx([39e-6, 42e-6, 45e-6])
     e = bsp(Region.of(mlp_graph(256, 1024, 4096)), H100, LaunchChoice("eager"))
     steps = [k["eager_step_s"] for k in e.breakdown["kernels"]]
     assert sum(steps) == pytest.approx(e.latency_s, rel=1e-12)
     assert all(s >= k["latency_s"] for s, k in zip(steps, e.breakdown["kernels"]))
+    # with the host ahead, a step is the kernel and the device's gap, whatever the host costs
+    assert all(k["device_step_s"] == pytest.approx(k["latency_s"] + H100.kernel_gap_s)
+               for k in e.breakdown["kernels"])
     assert "eager_step_s" not in bsp(Region.of(mlp_graph(256, 1024, 4096)), H100).breakdown["kernels"][0]
 
 
@@ -433,3 +440,27 @@ def test_library_bsp_adds_each_bias_in_a_kernel_of_its_own():
     h = 1024 * 4096 * 2
     assert lib.dram_write_bytes == pytest.approx(own.dram_write_bytes + h)
     assert lib.latency_s > own.latency_s
+
+
+def test_library_bsp_prices_only_the_gemms_with_the_library_spec():
+    """The cublas baselines run cuBLAS for the products and this tool's kernels for the rest:
+    a slower library changes the GEMM kernels' times and nothing else."""
+    from kitsune_dse.cost.strategies import LaunchChoice, library_bsp
+    r = Region.of(mlp_graph(1024, 1024, 4096))
+    slow = H100.model_copy(update={"name": "slow-library", "efficiency": H100.efficiency.model_copy(
+        update={"tensor_core": H100.efficiency.tensor_core / 2})})
+    base, lib = library_bsp(r, H100), library_bsp(r, H100, library_spec=slow)
+    kb, kl = base.breakdown["kernels"], lib.breakdown["kernels"]
+    assert [k["kernel"] for k in kb] == [k["kernel"] for k in kl]
+    for a, b in zip(kb, kl):
+        if a["kernel"] in ("fc1", "fc2"):
+            assert b["latency_s"] > a["latency_s"]
+        else:
+            assert b["latency_s"] == a["latency_s"]
+    assert lib.breakdown["library"] == "slow-library"
+    # in a graph the launches are the tool's: the same overhead either way
+    g0 = library_bsp(r, H100, LaunchChoice("graph"))
+    g1 = library_bsp(r, H100, LaunchChoice("graph"), library_spec=slow)
+    assert g1.breakdown["launch_s"] == pytest.approx(g0.breakdown["launch_s"])
+    assert g1.latency_s - g0.latency_s == pytest.approx(
+        sum(b["latency_s"] - a["latency_s"] for a, b in zip(kb, kl)))

@@ -57,11 +57,14 @@ def test_example_plans_build_every_variant(path):
     reg, region = _region(plan)
     assert reg.outputs
     vs = make_variants(reg, region, Tensors(reg), H100, which=["plan", "plan-1team", "bsp-eager", "bsp-graph",
-                                                               "fusion", "fusion-graph", "cublas"])
+                                                               "fusion", "fusion-graph", "cublas", "cublas-graph"])
     names = [v.name for v in vs]
     assert names[:1] == ["plan"] and "bsp-eager" in names and "fusion" in names
     if region["strategy"] in ("bsp", "fusion"):      # one CUDA graph, as the explorer prices it
         assert vs[0].graph_mode
+    # eager variants are timed from an idle GPU (their model is the host's issue timeline)
+    assert {v.name for v in vs if getattr(v, "host_issued", False)} <= {"bsp-eager", "fusion", "cublas"}
+    assert all(v.host_issued for v in vs if v.name in ("bsp-eager", "fusion", "cublas"))
     for v in vs:
         src = v.build()
         assert 'extern "C" __global__' in src

@@ -72,6 +72,8 @@ def calibrated_spec(base: HwSpec, m: dict, date: str | None = None,
     launch = m.get("launch", {})
     if launch:
         data["launch_overhead_s"] = launch["launch_overhead_s"]
+        if launch.get("launch_first_s"):
+            data["launch_first_s"] = launch["launch_first_s"]
         data["graph_launch_overhead_s"] = launch["graph_launch_overhead_s"]
         data["kernel_gap_s"] = max(launch["graph_launch_overhead_s"],
                                    launch["eager_per_kernel_s"] - launch["launch_overhead_s"])
@@ -526,6 +528,23 @@ def harness_version(raw: dict) -> int:
     return int(raw.get("harness_version", raw.get("persistent_layout", 0)))
 
 
+def cublas_version(raw: dict) -> int:
+    """How the run called cuBLAS: 0 CuPy's matmul (37-52 us of host time per call, an extra
+    kernel's worth of launch latency folded into a lone GEMM's time), 1 cublasGemmStridedBatchedEx
+    through ctypes, as the cublas variants call it since session 11."""
+    return int(raw.get("cublas_version", 0))
+
+
+def _without_cublas(raw: dict) -> dict:
+    out = {k: v for k, v in raw.items() if k != "cublas_call_rows"}
+    if "tile_gemm_shapes" in out:
+        out["tile_gemm_shapes"] = [{k: v for k, v in r.items() if not k.startswith("cublas_")}
+                                   for r in out["tile_gemm_shapes"]]
+    if "tile_rows" in out:
+        out["tile_rows"] = [r for r in out["tile_rows"] if r.get("impl") != "cublas"]
+    return out
+
+
 def merge_raw(raws: list[dict]) -> dict:
     """One raw calibration from several runs (on the machine instances the device lends, whose
     rates differ by a few percent): every measured number is the median over the runs that
@@ -582,7 +601,11 @@ def merge_raw(raws: list[dict]) -> dict:
     version = max((harness_version(r) for r in raws), default=0)
     raws = [r if harness_version(r) == version else
             {k: v for k, v in r.items() if not k.startswith(HARNESS_KEYS)} for r in raws]
+    # cuBLAS's figures only from the runs that called it as the cublas variants now do
+    cv = max((cublas_version(r) for r in raws), default=0)
+    raws = [r if cublas_version(r) == cv else _without_cublas(r) for r in raws]
     out = {k: merge([r.get(k) for r in raws]) for k in dict.fromkeys(k for r in raws for k in r)}
+    out["cublas_version"] = cv
     out["env"] = raws[0].get("env")
     out["device"] = raws[0].get("device")
     out["merged_from"] = [r.get("env", {}).get("date") for r in raws]

@@ -50,10 +50,15 @@ def kernel_ends(times: list[float], spec: HwSpec, issue_s: list[float] | None = 
     """When each of kernels launched eagerly back to back ends: a kernel starts after the last
     one (plus the device's gap) or once the host has issued it, whichever is later. The step
     between two ends is what CUDA events recorded between the launches measure. issue_s: each
-    kernel's host issue time (default spec.launch_overhead_s; a GEMM library call costs more)."""
+    kernel's host issue time (default spec.launch_overhead_s, the first launch
+    spec.launch_first_cost_s: the host has just waited for the GPU; a GEMM library call costs
+    more)."""
     out, end, issue = [], 0.0, 0.0
     for i, t in enumerate(times):
-        issue += spec.launch_overhead_s if issue_s is None else issue_s[i]
+        if issue_s is not None:
+            issue += issue_s[i]
+        else:
+            issue += spec.launch_first_cost_s if i == 0 else spec.launch_overhead_s
         end = max(end + (spec.kernel_gap_s if i else 0.0), issue) + t
         out.append(end)
     return out
@@ -75,7 +80,8 @@ def _estimate_from_kernels(works: list[KernelWork], times: list[float], latency:
 
 def _kernel_rows(works, times, spec, mode: str = "graph", issue_s=None):
     """Per kernel: its work and time; launched eagerly, also the step from the previous
-    kernel's end to its own (what an event around its launch measures: host issue included)."""
+    kernel's end to its own (eager_step_s: the host's issue included) and what that step is when
+    the host has issued ahead of the GPU (device_step_s: the kernel and the device's gap)."""
     rows = [{"kernel": w.name, "latency_s": t, "dram_read_bytes": w.dram_read_bytes,
              "dram_write_bytes": w.dram_write_bytes, "l2_bytes": w.l2_bytes, "tiles": w.tiles,
              "waves": math.ceil(w.tiles / (spec.sm_count * w.ctas_per_sm))}
@@ -84,6 +90,7 @@ def _kernel_rows(works, times, spec, mode: str = "graph", issue_s=None):
         ends = kernel_ends(times, spec, issue_s)
         for r, e, prev in zip(rows, ends, [0.0] + ends[:-1]):
             r["eager_step_s"] = e - prev
+            r["device_step_s"] = r["latency_s"] + spec.kernel_gap_s
     return rows
 
 
@@ -104,19 +111,34 @@ def bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None,
                                   kernels=_kernel_rows(works, times, spec, choice.launch, issue_s))
 
 
-def library_bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None) -> Estimate:
+def library_bsp(region: Region, spec: HwSpec, choice: LaunchChoice | None = None,
+                library_spec: HwSpec | None = None) -> Estimate:
     """One kernel per op with a GEMM library's plain product: a matmul's bias is added by a
-    kernel of its own (what the validation harness's cublas baseline runs: cuBLAS writes the
-    product, an elementwise kernel reads it back with the bias), priced with `spec`'s rates."""
+    kernel of its own (what the validation harness's cublas baselines run: cuBLAS writes the
+    product, an elementwise kernel reads it back with the bias). The GEMMs are priced with
+    `library_spec`'s rates (the library's calibration; default `spec`), every other kernel and
+    the launches with `spec` (they are this tool's kernels, launched the same way)."""
+    choice = choice or LaunchChoice()
+    lib = library_spec or spec
     g = unfused_bias(region.graph)
     names = {op.name for op in g.ops}
     ops = [x for o in region.ops for x in (o, o + BIAS_SUFFIX) if x in names]
-    # launched eagerly, a GEMM is a library call (spec.library_call_s of host time), the rest
-    # this tool's kernels
     sub = Region.of(g, ops)
-    issue = [spec.library_call_cost_s if g.op(o).info.gemm is not None else spec.launch_overhead_s
-             for (o,) in bsp_groups(sub)]
-    return bsp(sub, spec, choice, issue_s=issue)
+    groups = bsp_groups(sub)
+    own, theirs = kernel_works(sub, groups, spec), kernel_works(sub, groups, lib)
+    is_gemm = [any(g.op(o).info.gemm is not None for o in grp)
+               for grp in groups if not all(g.op(o).info.is_view for o in grp)]
+    works = [b if gm else a for a, b, gm in zip(own, theirs, is_gemm)]
+    times = [kernel_time(w, lib, lib.sm_count) + lib.kernel_fixed_s if gm else
+             kernel_time(w, spec, spec.sm_count) + spec.kernel_fixed_s for w, gm in zip(works, is_gemm)]
+    # launched eagerly, a GEMM is a library call (library_call_s of host time), the rest this
+    # tool's kernels
+    issue = [(lib.library_call_first_cost_s if gm else spec.launch_first_cost_s) if i == 0 else
+             (lib.library_call_cost_s if gm else spec.launch_overhead_s) for i, gm in enumerate(is_gemm)]
+    lat, over = launch_timeline(times, spec, choice.launch, issue)
+    return _estimate_from_kernels(works, times, lat, spec, sub, strategy="bsp", launch=choice.launch,
+                                  launch_s=over, library=lib.name,
+                                  kernels=_kernel_rows(works, times, spec, choice.launch, issue))
 
 
 # -- fusion -------------------------------------------------------------------------------------

@@ -145,6 +145,11 @@ class HwSpec(_Strict):
     library_call_s: Pos | None = None           # host time of one GEMM library call issued
                                                 # eagerly (cuBLAS from Python: its handle, stream
                                                 # and heuristics; calibrated; None: the launch)
+    launch_first_s: Pos | None = None           # host time of an eager run's first launch,
+                                                # right after the host waited for the GPU
+                                                # (calibrated; None: launch_overhead_s)
+    library_call_first_s: Pos | None = None     # the same for a first library call (None:
+                                                # library_call_s)
     graph_launch_overhead_s: Pos                # device gap per kernel node in a CUDA graph
     kernel_gap_s: Pos                           # device gap between dependent eager kernels
     sync_latency_s: Pos                         # one-way inter-CTA flag hand-off through L2
@@ -331,6 +336,14 @@ class HwSpec(_Strict):
     @property
     def library_call_cost_s(self) -> float:
         return self.library_call_s if self.library_call_s is not None else self.launch_overhead_s
+
+    @property
+    def launch_first_cost_s(self) -> float:
+        return self.launch_first_s if self.launch_first_s is not None else self.launch_overhead_s
+
+    @property
+    def library_call_first_cost_s(self) -> float:
+        return self.library_call_first_s if self.library_call_first_s is not None else self.library_call_cost_s
 
     @property
     def persistent_launch_cost_s(self) -> float:

@@ -3,6 +3,7 @@ before each run (a 256 MiB memset) or left warm."""
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,18 +35,27 @@ class Timing:
     p90_s: float
     min_s: float
     runs: int
+    host_s: float = 0.0     # median host time of run(): the launches' issue
 
     @staticmethod
-    def of(samples: list[float]) -> "Timing":
+    def of(samples: list[float], host: list[float] | None = None) -> "Timing":
         a = np.asarray(samples)
         return Timing(float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90)),
-                      float(a.min()), len(samples))
+                      float(a.min()), len(samples), float(np.median(host)) if host else 0.0)
 
 
 def time_runs(run, pre, after, stream, runs: int = 30, warmup: int = 3, flush: L2Flusher | None = None,
-              poison_every: bool = True) -> Timing:
+              poison_every: bool = True, host_start: bool = False) -> Timing:
     """`pre()` (poison, reset) and the flush happen before the start event; `after()` checks
-    each run (raising on a pipeline error) after the end event."""
+    each run (raising on a pipeline error) after the end event.
+
+    host_start: the host waits for the flush before it records the start event, so that it
+    starts issuing with the GPU. Eager launches need it: their model is the host's issue
+    timeline from an idle GPU, and behind the flush (a 256 MiB memset, ~91 us on an H100) the
+    host would issue a run's first calls early, how many of them depending on the machine's
+    host speed (dlrm-top-mlp's cuBLAS baseline: 249 us measured so, 345 from an idle GPU with
+    339 us of host issue; bench/eager_probe.py). A CUDA graph or a single kernel is timed from
+    the GPU's start either way."""
     cp = _cp()
     start, end = cp.cuda.Event(), cp.cuda.Event()
     for _ in range(warmup):
@@ -53,18 +63,22 @@ def time_runs(run, pre, after, stream, runs: int = 30, warmup: int = 3, flush: L
         run(stream)
         stream.synchronize()
         after()
-    samples = []
+    samples, host = [], []
     for _ in range(runs):
         pre(poison_every)
         if flush is not None:
             flush(stream)
+        if host_start:
+            stream.synchronize()
         start.record(stream)
+        t0 = time.perf_counter()
         run(stream)
+        host.append(time.perf_counter() - t0)
         end.record(stream)
         end.synchronize()
         after()
         samples.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
-    return Timing.of(samples)
+    return Timing.of(samples, host)
 
 
 def median(xs):

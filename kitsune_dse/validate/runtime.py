@@ -7,13 +7,17 @@ Variants of one region (each `prepare()`d once, then `pre()` + `run(stream)` per
   bsp-graph    the same kernels captured once in a CUDA graph and replayed
   fusion       one kernel per plan "kernels" group (epilogue fusion), eager
   fusion-graph the same, as a CUDA graph
-  cublas       cuBLAS (CuPy `@`) for each matmul, this harness's kernels for the rest, eager
+  cublas       cuBLAS (cublasGemmStridedBatchedEx through CuPy's bindings) for each matmul,
+               this harness's kernels for the rest, eager
+  cublas-graph the same calls captured once in a CUDA graph and replayed
 A tilesync or concurrent region's plan runs its kernels with programmatic dependent launches and
 tile hand-offs through flag counters (TilesyncVariant, tilesync.py), as a CUDA graph.
 """
 from __future__ import annotations
 
 import ctypes
+import dataclasses
+import math
 import re
 import time
 from dataclasses import dataclass, field
@@ -193,27 +197,63 @@ class Variant:
         """Checks after a run (the pipeline's error word)."""
 
 
+_CUBLAS = None
+_ONE, _ZERO = np.array(1.0, np.float32), np.array(0.0, np.float32)
+
+
+def _libcublas():
+    """libcublas, called through ctypes on the handle CuPy made: CuPy's bindings set the
+    handle's stream on every call and refuse to while a stream captures, yet cuBLAS itself can
+    be captured (CUDA 12.2+ allocates its workspace stream-ordered)."""
+    global _CUBLAS
+    if _CUBLAS is None:
+        import ctypes.util
+
+        from cupy_backends.cuda.libs import cublas  # noqa: F401  loads the library CuPy uses
+        path = next((ln.split()[-1] for ln in open("/proc/self/maps") if "/libcublas.so" in ln), None)
+        lib = ctypes.CDLL(path or ctypes.util.find_library("cublas"))
+        vp, i32, i64 = ctypes.c_void_p, ctypes.c_int, ctypes.c_longlong
+        lib.cublasGemmStridedBatchedEx.argtypes = [vp, i32, i32, i32, i32, i32, vp, vp, i32, i32, i64, vp, i32,
+                                                   i32, i64, vp, vp, i32, i32, i64, i32, i32, i32]
+        lib.cublasSetStream_v2.argtypes = [vp, vp]
+        lib.cublasGetStream_v2.argtypes = [vp, ctypes.POINTER(vp)]
+        lib.cublasSetPointerMode_v2.argtypes = [vp, i32]
+        lib.cublasGetPointerMode_v2.argtypes = [vp, ctypes.POINTER(i32)]
+        _CUBLAS = lib
+    return _CUBLAS
+
+
+def _check_cublas(status: int, what: str) -> None:
+    if status != 0:
+        raise KitsuneError(f"cuBLAS {what} returned status {status}")
+
+
 def cublas_strided_batched(A, B, C, grp: Group) -> None:
     """C[b] = A[b] @ B[b] (B[b]^T when grp.tb) for every batch b with one
     cublasGemmStridedBatchedEx call, fp32 accumulation (row-major operands are column-major
-    transposes: C^T = B^T A^T)."""
+    transposes: C^T = B^T A^T), on the current stream; capturable."""
     cp = _cp()
-    from cupy_backends.cuda.libs import cublas
-    h = cp.cuda.device.get_cublas_handle()
+    lib = _libcublas()
+    h = ctypes.c_void_p(cp.cuda.device.get_cublas_handle())
     m, n, k, nb = grp.mper, grp.cols, grp.k, grp.batch
     dt = 2 if A.dtype == cp.float16 else 14          # CUDA_R_16F / CUDA_R_16BF
-    one, zero = np.array(1.0, np.float32), np.array(0.0, np.float32)
-    mode = cublas.getPointerMode(h)
-    cublas.setPointerMode(h, cublas.CUBLAS_POINTER_MODE_HOST)
-    try:
-        cublas.setStream(h, cp.cuda.get_current_stream().ptr)
-        cublas.gemmStridedBatchedEx(
-            h, cublas.CUBLAS_OP_T if grp.tb else cublas.CUBLAS_OP_N, cublas.CUBLAS_OP_N, n, m, k,
-            one.ctypes.data, B.data.ptr, dt, k if grp.tb else n, n * k,
-            A.data.ptr, dt, k, m * k, zero.ctypes.data, C.data.ptr, dt, n, m * n, nb,
-            getattr(cublas, "CUBLAS_COMPUTE_32F", 68), getattr(cublas, "CUBLAS_GEMM_DEFAULT_TENSOR_OP", 99))
-    finally:
-        cublas.setPointerMode(h, mode)
+    stream = cp.cuda.get_current_stream().ptr
+    cur = ctypes.c_void_p()
+    _check_cublas(lib.cublasGetStream_v2(h, ctypes.byref(cur)), "getStream")
+    if (cur.value or 0) != stream:
+        _check_cublas(lib.cublasSetStream_v2(h, ctypes.c_void_p(stream)), "setStream")
+    mode = ctypes.c_int()
+    _check_cublas(lib.cublasGetPointerMode_v2(h, ctypes.byref(mode)), "getPointerMode")
+    if mode.value != 0:          # alpha and beta are host scalars (a graph captures their values)
+        _check_cublas(lib.cublasSetPointerMode_v2(h, 0), "setPointerMode")
+    status = lib.cublasGemmStridedBatchedEx(
+        h, 1 if grp.tb else 0, 0, n, m, k,                                 # CUBLAS_OP_T / CUBLAS_OP_N
+        _ONE.ctypes.data, B.data.ptr, dt, k if grp.tb else n, n * k,
+        A.data.ptr, dt, k, m * k, _ZERO.ctypes.data, C.data.ptr, dt, n, m * n, nb,
+        68, 99)                                                            # COMPUTE_32F, DEFAULT_TENSOR_OP
+    if mode.value != 0:
+        lib.cublasSetPointerMode_v2(h, mode.value)
+    _check_cublas(status, "gemmStridedBatchedEx")
 
 
 class StandaloneVariant(Variant):
@@ -224,6 +264,7 @@ class StandaloneVariant(Variant):
         super().__init__(name, reg, tensors, info)
         self.groups = groups
         self.graph_mode = graph or graph_per_kernel
+        self.host_issued = not self.graph_mode    # the host issues each kernel as the run goes
         # each kernel its own CUDA graph, launched one after another from Python: what a plan
         # of one-kernel regions does end to end (calibration of the cost of a region boundary)
         self.graph_per_kernel = graph_per_kernel
@@ -268,12 +309,16 @@ class StandaloneVariant(Variant):
                     a, b, out, grp = obj
                     A, B, C = self.tensors.get(a), self.tensors.get(b), self.tensors.get(out)
                     A = A.reshape(-1, grp.k)
-                    if grp.batch > 1:   # cuBLAS strided batched (CuPy's batched matmul is ~12x slower)
-                        self.calls.append(("bmm", (A, B, C, grp)))
-                        continue
-                    if grp.tb:
-                        B = B.T
-                    self.calls.append(("mm", (A, B, C)))
+                    if grp.batch == 1:   # one product: the batch's rows are all of A's
+                        C = C.reshape(-1, grp.cols)
+                        if C.shape[0] != A.shape[0] or B.size != grp.k * grp.cols:
+                            raise KitsuneError(f"cublas: {a} {A.shape} x {b} {B.shape} -> {out} {C.shape}")
+                        grp = dataclasses.replace(grp, mper=A.shape[0])
+                    # cuBLAS's own call (cublasGemmStridedBatchedEx) for every product: CuPy's
+                    # matmul spends 37-52 us of host time per call where this binding spends
+                    # ~15 (bench/eager_probe.py), and the cublas variant is host bound on small
+                    # models; its batched matmul is ~12x slower still
+                    self.calls.append(("bmm", (A, B, C, grp)))
                 else:
                     self.calls += [("k", x) for x in by_group.get(obj.name, [])]
         self.launches_per_run = len(self.calls)
@@ -287,17 +332,18 @@ class StandaloneVariant(Variant):
         if kind == "k":
             fn, ln = obj
             fn(ln.grid, (ln.block,), (self.table,), shared_mem=ln.smem)
-        elif kind == "bmm":
-            cublas_strided_batched(*obj)
         else:
-            a, b, out = obj
-            _cp().matmul(a, b, out=out)
+            cublas_strided_batched(*obj)
 
     def kernel_times(self, stream, flush=None, runs: int = 5) -> list[tuple[str, float]]:
         """Per group (an op, or a fusion group), the median device time between CUDA events
         recorded around its launches, in eager order on cold L2: (ops joined by '+', seconds).
-        Events delimit kernels, so a gap while the host issues the next launch is included."""
+        The GPU is held behind the flush and more memsets until the host has issued every
+        launch and event, so each step is the kernel and the device's gap between dependent
+        launches, not the host's issue (up to 20 us a launch with its event on the lent
+        machines, which made dlrm's tiny kernels read 3-8x their time)."""
         cp = _cp()
+        hold = math.ceil(len(self.calls) * 40e-6 / 90e-6)     # ~90 us a 256 MiB memset
         names = []
         for kind, obj in self.calls:
             names.append(obj[1].group if kind == "k" else "mm")
@@ -306,7 +352,8 @@ class StandaloneVariant(Variant):
         for _ in range(runs):
             self.pre(False)
             if flush is not None:
-                flush(stream)
+                for _ in range(hold):
+                    flush(stream)
             ev = [cp.cuda.Event() for _ in range(len(self.calls) + 1)]
             with stream:
                 ev[0].record(stream)
@@ -616,9 +663,10 @@ def make_variants(reg: Region, plan_region: dict, tensors: Tensors, info: Device
         out.append(StandaloneVariant("fusion", reg, tensors, info, fusion_groups(reg), prefix="fus"))
     if ok("fusion-graph"):
         out.append(StandaloneVariant("fusion-graph", reg, tensors, info, fusion_groups(reg), graph=True, prefix="fus"))
-    if ok("cublas") and any(reg.graph.op(o).kind in ("matmul", "gemm", "bmm") for o in reg.ops):
-        if reg.dtype == "fp16":
-            out.append(StandaloneVariant("cublas", reg, tensors, info, [], prefix="cub",
+    has_gemm = any(reg.graph.op(o).kind in ("matmul", "gemm", "bmm") for o in reg.ops)
+    for name, graph in (("cublas", False), ("cublas-graph", True)):
+        if ok(name) and has_gemm and reg.dtype == "fp16":
+            out.append(StandaloneVariant(name, reg, tensors, info, [], graph=graph, prefix="cub",
                                          cublas_steps=cublas_plan(reg)))
     return out
 
