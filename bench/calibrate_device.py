@@ -49,14 +49,16 @@ SUITE_SHAPES = [
     (16384, 3072, 768), (16384, 768, 3072),          # bert-base FFN (gpt3-mlp hidden 768)
 ]
 PIPE_SMS = (8, 16, 33, 66, 99, 132)
-# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 6 = a
+# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 7 = a
+# tilesync consumer's threads wait on the producer's unit counters in parallel (thread 0 alone
+# had waited on them one after the other); 6 = a
 # GEMM split along K waits for its output slot only in the team that sums its partials; 5 = a
 # GEMM producer waits for its output ring slot just before its epilogue (session 8); 4 = a
 # persistent worker visits only the row-blocks that hold its items (session 8); 3 = worker
 # c of a stage is team c // ctas of CTA c % ctas, and K is split into ranges of 16 k-tiles or
 # more; 2 (session 7) K split only when the tiles fill at most half the SMs; 1 (session 7) the
 # old split; 0 before: the two teams of an SM were consecutive workers
-HARNESS_VERSION = 6
+HARNESS_VERSION = 7
 # how cuBLAS is called (calibrate.fit.cublas_version): 1 = cublasGemmStridedBatchedEx via ctypes
 CUBLAS_VERSION = 1
 PIPE_GEMM = (4096, 4096, 4096)

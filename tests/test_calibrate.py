@@ -235,6 +235,22 @@ def test_merge_raw_keeps_cublas_figures_of_the_newest_call_path_only():
     assert merge_raw(runs[:2])["cublas_call_rows"][0]["host_s"] == 30.0   # no newer run: all kept
 
 
+def test_merge_raw_drops_only_what_a_harness_version_changed():
+    """Version 7 changed tilesync's waits only: version-6 runs keep their pipeline figures,
+    version-5 runs (every kernel changed in 6) keep only the GPU's own figures."""
+    from kitsune_dse.calibrate.fit import merge_raw
+
+    def run(d, v, hv):
+        return {"env": {"date": d}, "harness_version": hv, "sync_latency_s": v,
+                "pipe_rows": [{"label": "sweep", "kind": "matmul", "dims": [64, 64, 64], "sms": 8, "time_s": v}],
+                "tilesync_probe_rows": [{"label": "probe", "kind": "matmul", "dims": [64, 64, 64], "both_s": v}]}
+    m = merge_raw([run("a", 1.0, 7), run("b", 3.0, 6), run("c", 100.0, 5)])
+    assert m["harness_version"] == 7
+    assert m["sync_latency_s"] == 3.0                              # all three runs
+    assert m["pipe_rows"][0]["time_s"] == 2.0                      # versions 7 and 6
+    assert m["tilesync_probe_rows"][0]["both_s"] == 1.0            # version 7 only
+
+
 def test_l2_residency_fit_is_the_half_hit_crossing():
     # re-read hits 0.9 up to 24 MiB, 0.6 at 28, 0.2 at 32: one half is crossed at 29 MiB
     from kitsune_dse.calibrate.fit import fit_l2_residency

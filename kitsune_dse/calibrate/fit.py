@@ -522,6 +522,9 @@ def fit_tilesync_chains(spec: HwSpec, rows: list[dict]) -> dict:
 
 
 HARNESS_KEYS = ("pipe_", "tile_gemm_", "tile_rows", "tilesync_", "kernel_chain_", "boundary_", "epilogue_")
+# harness versions that changed only some kernels (the rest changed them all): 7, a tilesync
+# consumer's threads wait on the unit counters in parallel (only tilesync's waits differ)
+HARNESS_CHANGES = {7: ("tilesync_",)}
 
 
 def harness_version(raw: dict) -> int:
@@ -599,8 +602,13 @@ def merge_raw(raws: list[dict]) -> dict:
     # teams of an SM as consecutive workers; 0: also K split for up to all SMs' tiles) keep
     # only their measurements of the GPU itself (bandwidths, launches, cuBLAS)
     version = max((harness_version(r) for r in raws), default=0)
+
+    def stale(v: int) -> tuple[str, ...]:
+        """What the harness changed since version v: the keys whose kernels differ."""
+        changed = [HARNESS_CHANGES.get(n, HARNESS_KEYS) for n in range(v + 1, version + 1)]
+        return tuple(dict.fromkeys(k for keys in changed for k in keys))
     raws = [r if harness_version(r) == version else
-            {k: v for k, v in r.items() if not k.startswith(HARNESS_KEYS)} for r in raws]
+            {k: v for k, v in r.items() if not k.startswith(stale(harness_version(r)))} for r in raws]
     # cuBLAS's figures only from the runs that called it as the cublas variants now do
     cv = max((cublas_version(r) for r in raws), default=0)
     raws = [r if cublas_version(r) == cv else _without_cublas(r) for r in raws]
