@@ -65,3 +65,19 @@ def test_accuracy_definitions():
     assert w["regret"] == pytest.approx(1.0)          # 2.0 over the best non-cuBLAS alternative 1.0
     assert w["regret_alt"] == pytest.approx(2.0 / 1.5 - 1)
     assert w["worst_pct"] == pytest.approx(500.0) and w["n"] == 5
+
+
+def test_latency_is_the_median_over_the_repeated_runs():
+    """A row's measured latency is the median over the runs that measured it correctly; a
+    failed repeat does not count, and a row only one run has keeps its value."""
+    acc = _accuracy()
+    row = {"plan": "w/explorer-1", "region": "0", "variant": "plan", "correct": "True",
+           "measured_latency_s": "1.0", "host_issue_s": "", "placement": "{}"}
+    lone = dict(row, plan="w/explorer-2", measured_latency_s="5.0")
+    reps = [[dict(row, measured_latency_s="3.0")], [dict(row, measured_latency_s="2.0")],
+            [dict(row, measured_latency_s="100.0", correct="False")]]
+    out = acc.median_over_runs([row, lone], reps)
+    assert float(out[0]["measured_latency_s"]) == 2.0 and out[0]["runs_merged"] == 3
+    assert out[0]["placement"] == "{}"                     # the primary run's
+    assert float(out[1]["measured_latency_s"]) == 5.0 and "runs_merged" not in out[1]
+    assert row["measured_latency_s"] == "1.0"               # the input is not changed
