@@ -49,7 +49,7 @@ def main():
     ap.add_argument("--ncu-budget-s", type=float, default=300.0)
     ap.add_argument("--ncu-check", action="store_true", help="only check that ncu range replay works")
     ap.add_argument("--pytest", action="store_true")
-    ap.add_argument("--variants", default="plan,plan-1team,bsp-eager,bsp-graph,fusion,fusion-graph,cublas")
+    ap.add_argument("--variants", default="plan,plan-1team,bsp-eager,bsp-graph,fusion,fusion-graph,cublas,cublas-graph")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
     a = ap.parse_args()
     out = Path(a.out)

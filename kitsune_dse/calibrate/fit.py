@@ -532,9 +532,9 @@ def harness_version(raw: dict) -> int:
 
 
 def cublas_version(raw: dict) -> int:
-    """How the run called cuBLAS: 0 CuPy's matmul (37-52 us of host time per call, an extra
-    kernel's worth of launch latency folded into a lone GEMM's time), 1 cublasGemmStridedBatchedEx
-    through ctypes, as the cublas variants call it since session 11."""
+    """How the run called cuBLAS: 0 CuPy's matmul for a plain product (37-52 us of host time a
+    call, its own cuBLAS entry point), 1 cublasGemmStridedBatchedEx through ctypes for every
+    product, as the cublas variants call it since session 11."""
     return int(raw.get("cublas_version", 0))
 
 

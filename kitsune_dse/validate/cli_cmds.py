@@ -15,7 +15,7 @@ def register(app: typer.Typer) -> None:
                                                help="rescale a plan made for another SM count or arch"),
                  ncu: bool = typer.Option(False, "--ncu", help="also measure DRAM bytes with Nsight Compute"),
                  variants: str = typer.Option("", "--variants",
-                                              help="comma list of plan,bsp-eager,bsp-graph,fusion,fusion-graph,cublas"),
+                                              help="comma list of plan,bsp-eager,bsp-graph,fusion,fusion-graph,cublas,cublas-graph"),
                  timeout_s: float = typer.Option(1.0, "--timeout-s",
                                                  help="a pipeline wait longer than this is reported as a deadlock"),
                  checks: int = typer.Option(2, "--checks", help="correctness runs on fresh random inputs")):
