@@ -238,8 +238,9 @@ HOST_BOUND = "host bound"
 def host_bound(baseline: dict, variant: str) -> bool:
     """An eager baseline whose predicted time is mostly the host's issue: the GPU waits on
     Python's launches (dlrm's cublas variant: five cuBLAS calls of 20-36 us each against ~50 us of
-    kernels). Its measured time is the host's speed, which moved 164-254 us for the same run
-    between processes of one machine (bench/eager_probe.py), not the GPU model's."""
+    kernels). Its measured time is the host's speed, which moved 176-351 us for the same plan
+    between processes of one machine (the suite's runs of 2026-11-22 22:38-22:54 UTC;
+    bench/eager_probe.py), not the GPU model's."""
     launch = baseline.get("launch_s")
     return (variant in ("bsp-eager", "fusion", "cublas") and launch is not None
             and launch > 0.5 * baseline["latency_s"])

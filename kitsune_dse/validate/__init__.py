@@ -44,12 +44,11 @@ Variants per region (runtime.make_variants)
   bsp-eager     one standalone kernel per op, eager launches (CuPy RawKernel)
   bsp-graph     the same kernels captured once in a CUDA graph (stream capture) and replayed
   fusion / fusion-graph   one kernel per plan "kernels" group, eager / CUDA graph
-  cublas        cuBLAS (cublasGemmStridedBatchedEx through CuPy's bindings, eager: CuPy refuses
-                cuBLAS inside a capture) for each matmul, this harness's kernels for the bias
-                and the other ops
-  cublas-graph  the same calls captured once in a CUDA graph (cuBLAS's own binding can be
-                captured; the host's Python cost per call, 15-57 us on the lent machines, is
-                then out of the measurement)
+  cublas        cuBLAS (cublasGemmStridedBatchedEx through ctypes on CuPy's handle, eager) for
+                each matmul, this harness's kernels for the bias and the other ops
+  cublas-graph  the same calls captured once in a CUDA graph (CuPy's own cuBLAS bindings refuse
+                a capturing stream; the direct call can be captured), which takes the host's
+                Python cost per call, 15-57 us on the lent machines, out of the measurement
   Eager variants (bsp-eager, fusion, cublas) are timed from an idle GPU (the host waits for the
   L2 flush before the start event: their model is the host's issue timeline); graphs and single
   kernels from the GPU's start behind the flush.

@@ -7,8 +7,8 @@ Variants of one region (each `prepare()`d once, then `pre()` + `run(stream)` per
   bsp-graph    the same kernels captured once in a CUDA graph and replayed
   fusion       one kernel per plan "kernels" group (epilogue fusion), eager
   fusion-graph the same, as a CUDA graph
-  cublas       cuBLAS (cublasGemmStridedBatchedEx through CuPy's bindings) for each matmul,
-               this harness's kernels for the rest, eager
+  cublas       cuBLAS (cublasGemmStridedBatchedEx, through ctypes on CuPy's handle) for each
+               matmul, this harness's kernels for the rest, eager
   cublas-graph the same calls captured once in a CUDA graph and replayed
 A tilesync or concurrent region's plan runs its kernels with programmatic dependent launches and
 tile hand-offs through flag counters (TilesyncVariant, tilesync.py), as a CUDA graph.
@@ -314,10 +314,11 @@ class StandaloneVariant(Variant):
                         if C.shape[0] != A.shape[0] or B.size != grp.k * grp.cols:
                             raise KitsuneError(f"cublas: {a} {A.shape} x {b} {B.shape} -> {out} {C.shape}")
                         grp = dataclasses.replace(grp, mper=A.shape[0])
-                    # cuBLAS's own call (cublasGemmStridedBatchedEx) for every product: CuPy's
-                    # matmul spends 37-52 us of host time per call where this binding spends
-                    # ~15 (bench/eager_probe.py), and the cublas variant is host bound on small
-                    # models; its batched matmul is ~12x slower still
+                    # cuBLAS's own call (cublasGemmStridedBatchedEx) for every product, which a
+                    # CUDA graph can capture: CuPy's matmul spent 37-52 us of host time a call,
+                    # this call 27-39 in the next process on the same machine
+                    # (bench/eager_probe.py; the cublas variant is host bound on small models);
+                    # CuPy's batched matmul is ~12x slower still
                     self.calls.append(("bmm", (A, B, C, grp)))
                 else:
                     self.calls += [("k", x) for x in by_group.get(obj.name, [])]
