@@ -20,6 +20,7 @@ SHAPES = [(128, 128, 128), (2048, 1024, 512), (2048, 256, 512), (2048, 1, 256)]
 def probe(calls: int, shapes=SHAPES) -> list[dict]:
     import cupy as cp
 
+    from kitsune_dse.calibrate.microbench import first_call_host_s
     from kitsune_dse.validate.runtime import cublas_strided_batched
     rows = []
     stream = cp.cuda.Stream(non_blocking=True)
@@ -40,22 +41,11 @@ def probe(calls: int, shapes=SHAPES) -> list[dict]:
             host = (time.perf_counter() - t0) / calls
             e1.record(stream)
             e1.synchronize()
-            firsts = []     # one call right after the host waited for the GPU (as a timed run)
-            poison = cp.empty((1024,), dtype=cp.uint16)
-            flush = cp.empty((256 * 2**20,), dtype=cp.uint8)
-            ev = cp.cuda.Event()
-            for _ in range(50):
-                poison.fill(0x7E00)
-                cp.cuda.runtime.memsetAsync(flush.data.ptr, 0, flush.nbytes, stream.ptr)
-                stream.synchronize()
-                ev.record(stream)
-                t1 = time.perf_counter()
-                cublas_strided_batched(a, b, c, grp)
-                firsts.append(time.perf_counter() - t1)
-            stream.synchronize()
+            # one call right after the host waited for the GPU, as a timed run's first
+            first = first_call_host_s(cp, stream, lambda: cublas_strided_batched(a, b, c, grp))
             rows.append({"shape": [m, n, k], "host_s": host,
                          "gpu_s": cp.cuda.get_elapsed_time(e0, e1) * 1e-3 / calls,
-                         "first_host_s": sorted(firsts)[len(firsts) // 2]})
+                         "first_host_s": first})
     return rows
 
 

@@ -31,37 +31,28 @@ VARIANTS = ["cublas", "bsp-eager", "fusion"]
 
 
 def time_protocol(v, stream, flusher, runs: int, idle: bool) -> dict:
-    import cupy as cp
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    gpu, host, calls = [], [], []
-    issue = v._issue
-    per_call: list[float] = []
+    """The harness's own timing (validate.measure.time_runs; host_start=idle), each call's host
+    time recorded besides."""
+    from kitsune_dse.validate.measure import time_runs
+    issue, run = v._issue, v.run
+    calls: list[list[float]] = []
 
     def timed_issue(call):
         t = time.perf_counter()
         issue(call)
-        per_call.append(time.perf_counter() - t)
+        calls[-1].append(time.perf_counter() - t)
+
+    def timed_run(s):
+        calls.append([])
+        run(s)
     v._issue = timed_issue
     try:
-        for _ in range(runs):
-            v.pre(True)
-            flusher(stream)
-            if idle:
-                stream.synchronize()
-            start.record(stream)
-            per_call.clear()
-            t0 = time.perf_counter()
-            v.run(stream)
-            host.append(time.perf_counter() - t0)
-            end.record(stream)
-            end.synchronize()
-            v.after()
-            gpu.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
-            calls.append(list(per_call))
+        t = time_runs(timed_run, v.pre, v.after, stream, runs, 0, flusher, host_start=idle)
     finally:
         v._issue = issue
     med = statistics.median
-    return {"gpu_s": gpu, "host_s": host, "gpu_median_s": med(gpu), "host_median_s": med(host),
+    return {"gpu_s": list(t.samples_s), "host_s": list(t.host_samples_s), "gpu_median_s": t.median_s,
+            "host_median_s": t.host_s,
             "call_median_s": [med(c[i] for c in calls) for i in range(len(calls[0]))] if calls[0] else []}
 
 

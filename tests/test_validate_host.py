@@ -441,3 +441,12 @@ def test_tilesync_probe_counts_and_checks_every_tile():
     assert "tilesync_wait_rows(sync," in b_src
     (gs,) = both.sync.groups.values()
     assert gs.waits[0][0].per_unit == 0           # an always-complete counter: one load, no wait
+
+
+def test_timing_keeps_its_samples_and_the_host_issue():
+    from kitsune_dse.validate.measure import Timing
+    t = Timing.of([3e-6, 1e-6, 2e-6], [0.1e-6, 0.3e-6, 0.2e-6])
+    assert t.median_s == 2e-6 and t.min_s == 1e-6 and t.runs == 3
+    assert t.host_s == pytest.approx(0.2e-6)
+    assert t.samples_s == (3e-6, 1e-6, 2e-6) and t.host_samples_s == (0.1e-6, 0.3e-6, 0.2e-6)
+    assert Timing.of([1.0]).host_s == 0.0 and Timing.of([1.0]).host_samples_s == ()

@@ -72,6 +72,26 @@ extern "C" __global__ void ping_pong(unsigned* flags, int rounds, unsigned long 
 """
 
 
+def first_call_host_s(cp, stream, call, reps: int = 50) -> float:
+    """Host time of `call()` (issuing on `stream`) right after the host waited for the GPU, as
+    a timed run's first call comes (validate.measure): after a fill, a 256 MiB L2-flush memset,
+    the wait and the start event. The median (upper middle) of `reps`."""
+    poison = cp.empty((1024,), dtype=cp.uint16)
+    flush = cp.empty((256 * 2**20,), dtype=cp.uint8)
+    ev = cp.cuda.Event()
+    xs = []
+    for _ in range(reps):
+        poison.fill(0x7E00)
+        cp.cuda.runtime.memsetAsync(flush.data.ptr, 0, flush.nbytes, stream.ptr)
+        stream.synchronize()
+        ev.record(stream)
+        t = time.perf_counter()
+        call()
+        xs.append(time.perf_counter() - t)
+    stream.synchronize()
+    return sorted(xs)[len(xs) // 2]
+
+
 class Bench:
     def __init__(self):
         import cupy as cp
@@ -197,19 +217,7 @@ class Bench:
             host = (time.perf_counter() - t0) / n
             stream.synchronize()
             eager_total = time.perf_counter() - t0
-            firsts = []     # one launch right after the host waited for the GPU, as a timed
-            poison = cp.empty((1024,), dtype=cp.uint16)          # run's first: after a fill,
-            flush = cp.empty((256 * 2**20,), dtype=cp.uint8)     # an L2 flush and the start event
-            ev = cp.cuda.Event()
-            for _ in range(50):
-                poison.fill(0x7E00)
-                cp.cuda.runtime.memsetAsync(flush.data.ptr, 0, flush.nbytes, stream.ptr)
-                stream.synchronize()
-                ev.record(stream)
-                t1 = time.perf_counter()
-                f((1,), (32,), (arg,))
-                firsts.append(time.perf_counter() - t1)
-            stream.synchronize()
+            first = first_call_host_s(cp, stream, lambda: f((1,), (32,), (arg,)))
             stream.begin_capture()
             for _ in range(n):
                 f((1,), (32,), (arg,))
@@ -223,7 +231,7 @@ class Bench:
             b.synchronize()
             per_node = cp.cuda.get_elapsed_time(a, b) * 1e-3 / n
         return {"launch_overhead_s": host, "eager_per_kernel_s": eager_total / n,
-                "graph_launch_overhead_s": per_node, "launch_first_s": sorted(firsts)[len(firsts) // 2]}
+                "graph_launch_overhead_s": per_node, "launch_first_s": first}
 
     def handoff_latency(self, rounds: int = 2000) -> float:
         """One-way flag hand-off between two SMs (half the measured round trip)."""

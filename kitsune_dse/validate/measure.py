@@ -36,12 +36,15 @@ class Timing:
     min_s: float
     runs: int
     host_s: float = 0.0     # median host time of run(): the launches' issue
+    samples_s: tuple = ()   # every run's GPU time and host time, in order
+    host_samples_s: tuple = ()
 
     @staticmethod
     def of(samples: list[float], host: list[float] | None = None) -> "Timing":
         a = np.asarray(samples)
         return Timing(float(np.median(a)), float(np.percentile(a, 10)), float(np.percentile(a, 90)),
-                      float(a.min()), len(samples), float(np.median(host)) if host else 0.0)
+                      float(a.min()), len(samples), float(np.median(host)) if host else 0.0,
+                      tuple(samples), tuple(host or ()))
 
 
 def time_runs(run, pre, after, stream, runs: int = 30, warmup: int = 3, flush: L2Flusher | None = None,
