@@ -11,6 +11,7 @@ workloads (other sizes of the zoo's models), each built to isolate one mechanism
 
     here:    python bench/dram_probe.py --prepare && python bench/dram_probe.py --precompile
     device:  python3 bench/dram_probe.py --ncu --out $OUT      # -> dram_probe_ncu.csv
+             (--only wb-nerf,wbn: those probes; KDSE_RING_ALLOC=arena: rings in one allocation)
              python3 bench/dram_probe.py --run --out $OUT      # -> dram_probe_run.csv (latency)
     here:    python bench/dram_probe.py --report DIR            # model beside each measurement
 """
@@ -198,7 +199,10 @@ def _regions():
     from kitsune_dse.graph import load_model
     from kitsune_dse.validate.harness import resolve_model_ref
     from kitsune_dse.validate.plan import load_plan
+    only = [x for x in os.environ.get("KDSE_PROBE_ONLY", "").split(",") if x]
     for m in json.loads((PROBES_DIR / "manifest.json").read_text()):
+        if only and not any(x in m["probe"] for x in only):
+            continue
         plan = load_plan(ROOT / m["file"])
         graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
         yield m, plan, graph, plan["regions"][m["region"]]
@@ -272,7 +276,10 @@ def run(out: Path, runs: int) -> None:
     from kitsune_dse.validate.harness import validate_plan
     out.mkdir(parents=True, exist_ok=True)
     rows = []
+    only = [x for x in os.environ.get("KDSE_PROBE_ONLY", "").split(",") if x]
     for m in json.loads((PROBES_DIR / "manifest.json").read_text()):
+        if only and not any(x in m["probe"] for x in only):
+            continue
         plan = json.loads((ROOT / m["file"]).read_text())
         plan["regions"] = [r for r in plan["regions"] if r["id"] == m["region"]]
         try:
@@ -327,7 +334,11 @@ def main():
     ap.add_argument("--ncu-budget-s", type=float, default=300.0)
     ap.add_argument("--report", default="")
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
+    ap.add_argument("--only", default="", help="comma-separated substrings of the probes to run "
+                    "(--ncu, --run)")
     a = ap.parse_args()
+    if a.only:
+        os.environ["KDSE_PROBE_ONLY"] = a.only      # (the ncu child inherits it)
     if a.prepare:
         prepare()
     if a.precompile:

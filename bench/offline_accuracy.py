@@ -3,7 +3,7 @@ now (or a spec with overrides), against those measurements: the e2e MAPE, per-wo
 and DRAM error a model change would give before any GPU time is spent. The picks may change with
 the model; their regret needs a new run (`bench/validate_suite.py`).
 
-    python bench/offline_accuracy.py [--set efficiency.l2_usable_fraction=0.6] [-v]
+    python bench/offline_accuracy.py [--set efficiency.l2_usable_fraction=0.6] [-v] [--primary-only]
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from accuracy import spearman  # noqa: E402
+from accuracy import median_over_runs, repeat_runs, spearman  # noqa: E402
 
 from kitsune_dse.cost.region import Region  # noqa: E402
 from kitsune_dse.cost.strategies import LaunchChoice, bsp, fusion, library_bsp  # noqa: E402
@@ -33,11 +33,16 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--set", action="append", default=[], help="spec override FIELD=VALUE")
     ap.add_argument("-v", action="store_true")
+    ap.add_argument("--primary-only", action="store_true", help="validation.csv alone, not the "
+                    "median over it and validation_repeat_*.csv")
     a = ap.parse_args()
     over = dict(s.split("=", 1) for s in a.set)
     spec = spec_with_overrides(load_spec(ROOT / "hw_specs/h100-sxm.calibrated.yaml"), over)
     cspec = spec_with_overrides(load_spec(ROOT / "hw_specs/h100-sxm-cublas.calibrated.yaml"), over)
     rows = list(csv.DictReader(open(RESULTS / "validation.csv")))
+    if not a.primary_only:
+        # the same latencies accuracy.py reports: the median over the suite's repeated runs
+        rows = median_over_runs(rows, [list(csv.DictReader(open(p))) for p in repeat_runs(RESULTS)])
     ncu = list(csv.DictReader(open(RESULTS / "validation_ncu.csv")))
     manifest = json.loads((RESULTS / "manifest.json").read_text())
     lat_err, dram_err, sp = [], [], []

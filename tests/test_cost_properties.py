@@ -2,7 +2,10 @@
 and compare() over the whole zoo and every shipped spec.
 
 "More SMs" means more SMs of the same kind: the whole-GPU FLOP peaks grow with the SM count so
-the per-SM rate stays (helpers_graphs.scale_sms); memory bandwidths stay.
+the per-SM rate stays (helpers_graphs.scale_sms); memory bandwidths stay. A standalone grid's
+last, partial wave streams on few SMs (roofline._last_wave_s): with more SMs a grid's last wave
+can hold fewer tiles, each still streaming alone, so more SMs may add up to that term and no more
+(wave quantisation; measured on the H100's 288-CTA fc2 of gpt3 t64).
 """
 from __future__ import annotations
 
@@ -18,7 +21,8 @@ from helpers_graphs import (H100, MiB, build, describe, examples, scale_bandwidt
 from kitsune_dse.cost.compare import best_pipeline, compare, compare_rows
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, runtime_row_blocks
-from kitsune_dse.cost.region import Region, kernel_works
+from kitsune_dse.cost.region import Region, kernel_variants, kernel_works
+from kitsune_dse.cost.roofline import _last_wave_s
 from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
                                          tilesync)
 from kitsune_dse.errors import InfeasibleError
@@ -43,6 +47,17 @@ STRATEGIES = {
 # test in test_strategies.py. None open now.
 KNOWN_NON_MONOTONE: set[tuple[str, str]] = set()
 KINDS = ("bandwidth", "sms", "flops")
+
+
+def last_wave_slack(r: Region, hw) -> float:
+    """The most that the last partial waves of the region's standalone kernels (every variant of
+    every bsp and fusion kernel) can add on `hw`'s SMs: what more SMs may cost, and no more."""
+    out = 0.0
+    for groups in ([(o,) for o in r.ops], fusion_groups(r)):
+        for grp, w in zip(groups, kernel_works(r, groups, hw)):
+            out += sum(float(_last_wave_s(v, hw, hw.sm_count))
+                       for v in kernel_variants(r, grp, hw, w) if v.dram_bytes and not v.persistent)
+    return out
 
 
 def improve(base, kind: str, factor: float, extra_sms: int):
@@ -130,7 +145,8 @@ def test_faster_hardware_never_increases_strategy_latency(g, hw, data):
         if (name, kind) in KNOWN_NON_MONOTONE:
             continue
         slow, fast = f(r, hw).latency_s, f(r, better).latency_s
-        assert fast <= slow * (1 + REL), f"{name}: {kind} up, latency {slow} -> {fast}"
+        slack = last_wave_slack(r, better) if kind == "sms" else 0.0
+        assert fast <= slow * (1 + REL) + slack, f"{name}: {kind} up, latency {slow} -> {fast}"
 
 
 @settings(max_examples=examples(150), **SETTINGS)

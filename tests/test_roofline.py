@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 
 from helpers_graphs import H100, MiB, chain_graph, examples, gemm_graph, hbm_curve, spec
 from kitsune_dse.cost.region import Region, kernel_works
-from kitsune_dse.cost.roofline import (GEMM_TILES, KernelWork, best_gemm_tile, gemm_tiles,
+from kitsune_dse.cost.roofline import (GEMM_TILES, KernelWork, _last_wave_s, best_gemm_tile, gemm_tiles,
                                        kernel_time, split_k_partials_bytes)
 from kitsune_dse.cost.strategies import bsp
 
@@ -84,8 +84,14 @@ def test_memory_bound_elementwise_uses_the_saturating_hbm_curve(sms):
     (w,) = kernel_works(Region.of(g), [("op0",)], H100)
     assert w.dram_read_bytes == 8192 * 4096 * 2 and w.dram_write_bytes == 8192 * 4096 * 2
     lat, parts = kernel_time(w, H100, sms, parts=True)
-    b = ((sms * 38e9) ** -3 + (3.35e12 * 0.87) ** -3) ** (-1 / 3)   # 2.7456 TB/s / 0.6062 TB/s
-    expected = 2 * 8192 * 4096 * 2 / b                               # 48.9 us / 221.4 us
+    def b(n):
+        return ((n * 38e9) ** -3 + (3.35e12 * 0.87) ** -3) ** (-1 / 3)  # 2.7456 TB/s / 0.6062 TB/s
+    expected = 2 * 8192 * 4096 * 2 / b(sms)                          # 48.9 us / 221.4 us
+    if sms == 132:
+        # 2 CTAs per SM: 7 full waves of 264 tiles, then 200 tiles (64 KiB each) on 100 SMs
+        assert (w.tiles, w.ctas_per_sm) == (2048, 2)
+        expected += 200 * 65536 * (1 / b(100) - 1 / b(132))           # + 0.32 us
+    # (on 16 SMs, 2048 = 64 full waves of 32: no partial wave)
     assert lat == pytest.approx(expected, rel=1e-9)
     assert parts["compute_s"] < parts["dram_s"]
 
@@ -95,8 +101,9 @@ def test_sixteen_sms_are_far_slower_than_a_sixteenth_of_the_peak_suggests():
     t16, t132 = kernel_time(w, H100, 16), kernel_time(w, H100, 132)
     # linear region: 16 SMs pull ~16*38 GB/s; all SMs saturate near 2.75 TB/s
     assert t16 == pytest.approx(2 ** 31 / hbm_curve(16))
-    assert t132 == pytest.approx(2 ** 31 / hbm_curve(132))
-    assert t16 / t132 == pytest.approx(hbm_curve(132) / hbm_curve(16))
+    # 32768 = 248 waves of 132 tiles and a last wave of 32 tiles (64 KiB each) on 32 SMs
+    tail = 32 * 65536 * (1 / hbm_curve(32) - 1 / hbm_curve(132))
+    assert t132 == pytest.approx(2 ** 31 / hbm_curve(132) + tail)
     assert 4.4 < t16 / t132 < 4.6
 
 
@@ -148,7 +155,9 @@ def test_l2_bound_and_the_max_of_the_three_terms():
     b2 = ((132 * 80e9) ** -3 + (7.4e12 * 0.95) ** -3) ** (-1 / 3)
     lat, parts = kernel_time(w, H100, 132, parts=True)
     assert parts["l2_s"] == pytest.approx(64 * MiB / b2)
-    assert parts["dram_s"] == pytest.approx(1 * MiB / hbm_curve(132))
+    # 1024 tiles: 7 waves of 132, then 100 tiles of 1 KiB on 100 SMs
+    assert parts["dram_s"] == pytest.approx(1 * MiB / hbm_curve(132)
+                                            + 100 * 1024 * (1 / hbm_curve(100) - 1 / hbm_curve(132)))
     assert lat == pytest.approx(max(parts["l2_s"], parts["dram_s"], parts["compute_s"]))
     assert lat == pytest.approx(parts["l2_s"])
 
@@ -208,9 +217,17 @@ def test_best_gemm_tile_prefers_the_larger_tile_on_ties_and_never_loses_to_any_c
 def test_latency_never_increases_with_more_sms(tflops, simt, dr, l2, tiles, cps):
     w = KernelWork("r", "fp16", tensor_flops=tflops, simt_flops=simt, dram_read_bytes=dr,
                    l2_bytes=l2, tiles=tiles, ctas_per_sm=cps)
-    t = kernel_time(w, H100, np.arange(1, 133))
+    sms = np.arange(1, 133)
+    t = kernel_time(w, H100, sms)
     assert np.all(np.isfinite(t)) and np.all(t >= 0)
-    assert np.all(np.diff(t) <= 1e-15 + 1e-12 * t[:-1])
+    # apart from the last partial wave's stream on its few SMs (wave quantisation: more SMs can
+    # leave fewer tiles in it, each still streaming alone), more SMs never slow a kernel
+    tail = _last_wave_s(w, H100, sms) if dr else np.zeros_like(t)
+    assert np.all(tail >= 0)
+    last = tiles - np.floor(tiles / (sms * cps)) * sms * cps
+    alone = last * (w.dram_bytes / tiles) / H100.hbm_bandwidth_from(np.maximum(np.ceil(last / cps), 1))
+    assert np.all(tail <= alone * (1 + 1e-12) + 1e-18)      # at most its bytes on its own SMs
+    assert np.all(np.diff(t) <= 1e-15 + 1e-12 * t[:-1] + tail[1:])
 
 
 def test_faster_hardware_is_never_slower_for_one_kernel():

@@ -139,6 +139,8 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
+    if work.dram_bytes and not work.persistent:
+        dram = dram + _last_wave_s(work, spec, s)
     if _streams_l2_bytes(work, spec):   # a row-op step's SMs move its ring bytes too, on the
         # same saturating per-SM curve as its DRAM bytes
         dram = np.maximum(dram, (dram_bytes + work.l2_bytes)
@@ -217,6 +219,25 @@ def _sms_streaming(work: KernelWork, s):
     return np.minimum(np.asarray(s, dtype=float), tiles)
 
 
+def _last_wave_s(work: KernelWork, spec: HwSpec, s):
+    """What a standalone grid's last, partial wave adds to its DRAM stream: its r tiles stream
+    on r SMs only, below the chip's saturated bandwidth (gpt3's 64 x 12288 x 49152 fc2, split
+    along K into 288 CTAs on 132 SMs: 24 CTAs of 4 MB of weights each stream alone at the end).
+    Zero when the last wave is full or is the only one (the base term already streams it on
+    min(tiles, s) SMs). Each tile moves an equal share of the grid's bytes."""
+    tiles = max(1, work.tiles)
+    slots = np.maximum(np.asarray(s, dtype=float), 1.0) * max(1, work.ctas_per_sm)
+    full = np.floor(tiles / slots)
+    last = tiles - full * slots                # tiles of the last, partial wave (0: none)
+    on = np.where((full >= 1) & (last > 0), np.ceil(last / max(1, work.ctas_per_sm)), 0.0)
+    ceiling = _hbm_ceiling(work, spec)
+    tile_bytes = work.dram_bytes / tiles
+    bw_all = spec.hbm_bandwidth_from(np.minimum(np.asarray(s, dtype=float), tiles), ceiling)
+    bw_last = spec.hbm_bandwidth_from(np.maximum(on, 1.0), ceiling)
+    out = np.where(on > 0, last * tile_bytes * (1.0 / bw_last - 1.0 / bw_all), 0.0)
+    return float(out) if np.ndim(out) == 0 else out
+
+
 def _streams_l2_bytes(work: KernelWork, spec: HwSpec) -> bool:
     """A persistent row-op or concat step loads and stores every byte through its SMs at its
     calibrated per-SM rate, ring (L2) bytes as well as DRAM ones (latency-bound passes)."""
@@ -268,6 +289,8 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_sm = _sm_stream(work, spec) or spec.hbm_per_sm_bandwidth_Bps
         bw = _smooth_min(used * per_sm, spec.hbm_bandwidth_Bps * cap, p)
         dram = (work.dram_bytes + float(weight_reread_bytes(work, s))) / bw
+        if not work.persistent:
+            dram += float(_last_wave_s(work, spec, s))
     if _streams_l2_bytes(work, spec):
         cap = _hbm_ceiling(work, spec) or e.hbm
         bw = _smooth_min(used * _sm_stream(work, spec), spec.hbm_bandwidth_Bps * cap, p)

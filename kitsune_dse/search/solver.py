@@ -85,8 +85,8 @@ from ortools.sat.python import cp_model
 from kitsune_dse.cost.pipeline import PipelineChoice, dram_floor_s, pipeline, plan_stages
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.errors import InfeasibleError, KitsuneError
-from kitsune_dse.search.candidates import (QUEUE_DEPTHS, Candidate, CandidateSet, check_granularity,
-                                          queue_pace)
+from kitsune_dse.search.candidates import (QUEUE_DEPTHS, Candidate, CandidateSet, _rename,
+                                          check_granularity, queue_pace)
 
 TIME_UNIT_S = 1e-9          # model times: integer nanoseconds
 BYTE_UNIT = 1024            # model bytes: integer KiB
@@ -120,22 +120,29 @@ class SolverResult:
         return tuple((c.ops, c.strategy, c.choice) for c in self.chosen)
 
     def kernel_key(self) -> tuple:
-        """What the GPU runs, whatever the region boundaries: the kernels of bsp and fusion
-        regions (a CUDA graph each), each tilesync or concurrent region's kernels, each
-        pipeline's stages, tile, depths and modes (not its SM split). Two plans with the same key
-        differ by where a region ends or by a few SMs: the same plan to a user."""
-        out = []
-        for c in self.chosen:
-            if c.strategy == "pipeline" and c.choice is not None:
-                ch = c.choice
-                out.append(("pipeline", ch.stages, ch.tile_rows, tuple(ch.depths), tuple(ch.modes)))
-                continue
-            names = tuple(k["kernel"] for k in (c.estimate.breakdown or {}).get("kernels", ())) or (c.ops,)
-            if c.strategy in ("bsp", "fusion"):
-                out += [("graph", k) for k in names]
-            else:
-                out.append((c.strategy, names))
-        return tuple(sorted(out, key=repr))
+        """What the GPU runs, whatever the region boundaries (see `kernel_units`). Two plans
+        with the same key differ by where a region ends, by how a region of one kernel is
+        labelled, or by a few SMs or ring slots: the same plan to a user."""
+        return tuple(sorted((u for c in self.chosen for u in kernel_units(c)), key=repr))
+
+
+def kernel_units(c: Candidate, rename: dict | None = None) -> tuple:
+    """The kernels a candidate runs: a bsp or fusion region's kernels one by one (a CUDA graph
+    each), and so a tilesync or concurrent region of a single kernel (it has nothing to
+    overlap: the same kernel, measured within noise of the graph's on the H100 suite); a
+    tilesync or concurrent region of several kernels as one unit; a pipeline as its stages,
+    tile and modes (not its SM split or ring depths, which follow from the SMs). `rename` maps
+    the breakdown's names of a window costed as a copy of another onto its own ops."""
+    if c.strategy == "pipeline" and c.choice is not None:
+        ch = c.choice
+        return (("pipeline", tuple(tuple(s) for s in ch.stages), ch.tile_rows, tuple(ch.modes)),)
+    names = tuple(k["kernel"] for k in (c.estimate.breakdown or {}).get("kernels", ()))
+    if rename:
+        names = tuple(_rename(n, rename) for n in names)
+    names = names or ("+".join(c.ops),)
+    if c.strategy in ("bsp", "fusion") or len(names) == 1:
+        return tuple(("kernel", k) for k in names)
+    return ((c.strategy, names),)
 
 
 # -- the integer model -----------------------------------------------------------------------------
@@ -730,34 +737,32 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
 
     result = guard(cands, main, objective, step)
     if alternatives:
-        # a no-good on the chosen candidates only (not their SM counts): each alternative covers
-        # the graph with another set of regions, strategies or pipeline cuts and tiles, not the
-        # same plan with one SM moved between stages (measured on the H100 suite: such near
-        # copies differ by noise, and told a user nothing)
-        alts = []
-        nogoods = []
-        cand_ids = {id(v) for v in cov.x}
-
-        def structural(lits):
-            return [v for v in lits if id(v) in cand_ids]
-        prev_lits = structural(lits)
-        seen = {result.plan_key(), main.plan_key()}
+        # each alternative runs other kernels than every plan before it: a no-good on the
+        # kernels (kernel_units), not on the candidates. On the candidates, nerf-mlp's five
+        # alternatives were its pick's fusion kernels cut into regions or labelled differently
+        # (a one-kernel tilesync region), predicted within 0.4% and measured within noise: they
+        # told a user nothing and ranked at random. One cut excludes every relabelling at once.
+        users: dict[tuple, list] = {}
+        for v, it in zip(cov.x, cov.items):
+            for u in kernel_units(it.cand, cands.renames.get(it.cand.span)):
+                users.setdefault(u, []).append(v)
+        alts, nogoods = [], []
         seen_kernels = {result.kernel_key(), main.kernel_key()}
+        for key in list(seen_kernels):
+            # ops are covered once, so each unit's users sum to 0 or 1: all of a plan's units
+            # present is that plan's kernels exactly
+            nogoods.append(("nogood", [v for u in key for v in users.get(u, ())], len(key) - 1))
         while len(alts) < alternatives and time.perf_counter() < deadline:
-            nogoods.append(("nogood", list(prev_lits), len(prev_lits) - 1))
             nxt = lexi(nogoods)
             if nxt is None:
                 break
-            p, prev_lits, st, gp, la, kb, _ = nxt
-            prev_lits = structural(prev_lits)
+            p, _, st, gp, la, kb, _ = nxt
             r = make_result(cands, p, objective, st, gp, t0, la, kb, "cp-sat", stats)
-            # (the no-good moves on; a plan running the same kernels as one already listed is
-            # not another alternative: nerf's five were the pick's fusion kernels cut into
-            # regions differently, predicted within 0.01% and measured within noise)
-            if r.plan_key() in seen or r.kernel_key() in seen_kernels:
-                continue
-            seen.add(r.plan_key())
-            seen_kernels.add(r.kernel_key())
+            key = r.kernel_key()
+            nogoods.append(("nogood", [v for u in key for v in users.get(u, ())], len(key) - 1))
+            if key in seen_kernels:
+                continue        # (the guard's re-timing can land on a listed plan's kernels)
+            seen_kernels.add(key)
             alts.append(r)
         result = replace(result, alternatives=alts)
     return replace(result, wall_s=time.perf_counter() - t0)

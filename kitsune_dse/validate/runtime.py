@@ -18,6 +18,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import math
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -160,6 +161,25 @@ class Tensors:
             cp = _cp()
             self.arrays[t] = cp.empty(self.shape_of(t), dtype=storage_dtype(self.reg.dtype))
         return self.arrays[t]
+
+
+def _ring_buffers(want, mode: str) -> dict:
+    """The pipeline's on-chip buffers: one allocation each ("separate"), or views of one arena,
+    packed on 256-byte boundaries ("arena") or each start moved on by another 1 KiB + 128 B
+    ("arena-skew"), to tell an address-mapping cause of ring write-back from a footprint one."""
+    cp = _cp()
+    if mode == "separate":
+        return {n: cp.empty(shape, dtype=dt) for n, shape, dt in want}
+    if mode not in ("arena", "arena-skew"):
+        raise ValueError(f"KDSE_RING_ALLOC={mode!r}: separate, arena or arena-skew")
+    offs, at = [], 0
+    for i, (_, shape, dt) in enumerate(want):
+        at = -(-at // 256) * 256 + (i * 1152 if mode == "arena-skew" else 0)
+        offs.append(at)
+        at += int(np.prod(shape)) * np.dtype(dt).itemsize
+    arena = cp.empty((max(at, 1),), dtype=cp.uint8)
+    return {n: arena[o:o + int(np.prod(shape)) * np.dtype(dt).itemsize].view(dt).reshape(shape)
+            for (n, shape, dt), o in zip(want, offs)}
 
 
 def pointer_table(names: list[str], resolve) -> object:
@@ -541,15 +561,15 @@ class PipelineVariant(Variant):
         cp = _cp()
         self.build()
         lay = self.layout
-        self.rings = {}
+        want = []           # (name, shape, dtype) of the rings and the K-split scratch
         for r in lay.rings:
             if not r.direct:
-                self.rings["ring:" + r.tensor] = cp.empty((r.nslots * lay.bm, r.cols),
-                                                          dtype=storage_dtype(self.reg.dtype))
+                want.append(("ring:" + r.tensor, (r.nslots * lay.bm, r.cols), storage_dtype(self.reg.dtype)))
         for st in lay.steps:
             if st.ksplit > 1:   # fp32 partials of the K ranges (L2-resident scratch)
                 n = st.ws_slots * st.ksplit * st.group.nb * lay.bm * st.group.cols
-                self.rings[f"ws:{st.sid}"] = cp.empty((n,), dtype=cp.float32)
+                want.append((f"ws:{st.sid}", (n,), np.float32))
+        self.rings = _ring_buffers(want, os.environ.get("KDSE_RING_ALLOC", "separate"))
         self.table = pointer_table(self._names, lambda n: self.rings[n] if n in self.rings else self.tensors.get(n))
         self.ctrl = cp.zeros((lay.ctrl_words,), dtype=cp.uint32)
         mod = compile_module(self.source, self.info.arch)
