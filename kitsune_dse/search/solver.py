@@ -625,14 +625,44 @@ class _Cover:
                 out.append((it.cand, it.best[1], it.best[2]))
         return out, lits, lat, kib
 
-    def dp_hint(self, objective: str):
+    def dp_hint(self, objective: str, seen=None, units=None, max_dp: int = 64):
         """A warm start: the best cover of pre-solved items (exact.py's DP), as a full
-        assignment of the candidate and SM booleans."""
+        assignment of the candidate and SM booleans. With `seen` (kernel keys of the plans
+        listed) and `units` (each item's kernel units): a cover that runs other kernels than
+        every plan in `seen`, found by leaving out one kernel unit of each listed cover the DP
+        lands on, then two, ... (at most max_dp DP solves; None if none is found): a feasible
+        start for the next alternative's no-goods."""
         from kitsune_dse.search.exact import _dp_lexi
         key = (lambda it: (it.kib, it.lat)) if objective == "traffic" else (
             lambda it: (it.lat, it.kib))
-        sol = _dp_lexi(len(self.cset.atoms), [(it.cand.span, key(it), k)
-                                              for k, it in enumerate(self.items)])
+        n = len(self.cset.atoms)
+
+        def cover(banned):
+            return _dp_lexi(n, [(it.cand.span, key(it), k) for k, it in enumerate(self.items)
+                                if not (banned and units[k] & banned)])
+        sol = cover(frozenset())
+        if seen is not None:
+            frontier, tried, found = [frozenset()], {frozenset()}, None
+            while frontier and found is None and len(tried) <= max_dp:
+                nxt = []
+                for banned in frontier:
+                    s = cover(banned) if banned else sol
+                    if s is None:
+                        continue
+                    ks = tuple(sorted((v for k in s[1] for v in units[k]), key=repr))
+                    if ks not in seen:
+                        if found is None or s[0] < found[0]:
+                            found = s
+                        continue
+                    for u in ks:
+                        b = banned | {u}
+                        if b not in tried and len(tried) <= max_dp:
+                            tried.add(b)
+                            nxt.append(b)
+                frontier = nxt
+            if found is None:
+                return None
+            sol = found
         on = set(sol[1]) if sol else set()
         h = []
         for k, (v, it) in enumerate(zip(self.x, self.items)):
@@ -743,8 +773,10 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
         # (a one-kernel tilesync region), predicted within 0.4% and measured within noise: they
         # told a user nothing and ranked at random. One cut excludes every relabelling at once.
         users: dict[tuple, list] = {}
+        units = []
         for v, it in zip(cov.x, cov.items):
-            for u in kernel_units(it.cand, cands.renames.get(it.cand.span)):
+            units.append(set(kernel_units(it.cand, cands.renames.get(it.cand.span))))
+            for u in units[-1]:
                 users.setdefault(u, []).append(v)
         alts, nogoods = [], []
         seen_kernels = {result.kernel_key(), main.kernel_key()}
@@ -753,7 +785,10 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
             # present is that plan's kernels exactly
             nogoods.append(("nogood", [v for u in key for v in users.get(u, ())], len(key) - 1))
         while len(alts) < alternatives and time.perf_counter() < deadline:
-            nxt = lexi(nogoods)
+            # a feasible start (a DP cover running other kernels): from none, ln-residual-gemm's
+            # first no-good solve ran its whole budget out without a solution
+            hint = cov.dp_hint(objective, seen_kernels, units)
+            nxt = lexi(nogoods, hint)
             if nxt is None:
                 break
             p, _, st, gp, la, kb, _ = nxt
