@@ -341,7 +341,13 @@ def run(out: Path, runs: int, only: str = "") -> None:
         write_csv(rows, out / "validation.csv")
         cp.get_default_memory_pool().free_all_blocks()
     bad = [r for r in rows if not r.get("correct")]
-    print(f"{len(rows)} rows, {len(bad)} not correct, {time.time() - t0:.0f} s", flush=True)
+    from kitsune_dse.validate.runtime import MODULES_BY_COMPILER, kernel_compiler_note
+    env["kernel_modules"] = dict(MODULES_BY_COMPILER)      # (which compiler built what ran)
+    (out / "env.json").write_text(json.dumps(env, indent=1))
+    print(f"{len(rows)} rows, {len(bad)} not correct, {time.time() - t0:.0f} s; kernel modules: "
+          + ", ".join(f"{v} {k}" for k, v in MODULES_BY_COMPILER.items()), flush=True)
+    if kernel_compiler_note():
+        print("note: " + kernel_compiler_note(), flush=True)
     for r in bad:
         print(f"  NOT CORRECT {r['plan']} r{r['region']} {r['variant']}: {r.get('error') or r.get('rel_err')}")
 

@@ -450,3 +450,12 @@ def test_timing_keeps_its_samples_and_the_host_issue():
     assert t.host_s == pytest.approx(0.2e-6)
     assert t.samples_s == (3e-6, 1e-6, 2e-6) and t.host_samples_s == (0.1e-6, 0.3e-6, 0.2e-6)
     assert Timing.of([1.0]).host_s == 0.0 and Timing.of([1.0]).host_samples_s == ()
+
+
+def test_kernel_compiler_note_warns_only_after_an_nvrtc_compile(monkeypatch):
+    from kitsune_dse.validate import runtime
+    monkeypatch.setattr(runtime, "MODULES_BY_COMPILER", {"nvcc cubin": 3, "NVRTC": 0})
+    assert runtime.kernel_compiler_note() is None
+    monkeypatch.setattr(runtime, "MODULES_BY_COMPILER", {"nvcc cubin": 3, "NVRTC": 2})
+    note = runtime.kernel_compiler_note()
+    assert note.startswith("2 kernel module(s) compiled here by NVRTC") and "KDSE_CUBIN_CACHE" in note

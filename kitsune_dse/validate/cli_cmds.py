@@ -34,6 +34,10 @@ def register(app: typer.Typer) -> None:
                              timeout_s=timeout_s, checks=checks, console=console)
         console.print(table(rows, title=f"validation of {plan.name}"))
         console.print(f"wrote {out / 'validation.csv'}")
+        from kitsune_dse.validate.runtime import kernel_compiler_note
+        note = kernel_compiler_note()
+        if note:
+            console.print(f"[yellow]note:[/yellow] {note}")
         bad = [r for r in rows if not r.get("correct")]
         if bad:
             for r in bad:

@@ -113,6 +113,24 @@ def cache_dirs() -> list[Path]:
     return [Path(p) for p in os.environ.get("KDSE_CUBIN_CACHE", "").split(os.pathsep) if p]
 
 
+# modules this process loaded as nvcc cubins and compiled with NVRTC: the same source runs
+# differently (on an H100, NVRTC 13.2's persistent pipelines 5-17% slower than nvcc 13.0's cubins,
+# results/validation/h100/compiler), and the shipped calibrated specs describe the cubins
+MODULES_BY_COMPILER = {"nvcc cubin": 0, "NVRTC": 0}
+
+
+def kernel_compiler_note() -> str | None:
+    """A warning when this process compiled kernels with NVRTC (None when every module was a
+    precompiled cubin)."""
+    n = MODULES_BY_COMPILER["NVRTC"]
+    if not n:
+        return None
+    return (f"{n} kernel module(s) compiled here by NVRTC: the shipped calibrated specs describe "
+            f"nvcc-compiled cubins, and on an H100 NVRTC's persistent pipelines ran 5-17% slower "
+            f"(results/validation/h100/compiler). For a like-for-like comparison, precompile with "
+            f"bench/precompile.py and set KDSE_CUBIN_CACHE, or calibrate this machine the same way")
+
+
 def compile_module(src: str, arch: str):
     """A CuPy RawModule of the source: a cubin precompiled by nvcc (bench/precompile.py) when one
     with the same source and arch is in $KDSE_CUBIN_CACHE, else compiled by NVRTC."""
@@ -121,7 +139,9 @@ def compile_module(src: str, arch: str):
     for d in cache_dirs():
         p = d / f"{key}.cubin"
         if p.exists():
+            MODULES_BY_COMPILER["nvcc cubin"] += 1
             return cp.RawModule(path=str(p))
+    MODULES_BY_COMPILER["NVRTC"] += 1
     opts = ["-std=c++17", f"-arch={arch}"]
     try:
         path = cp.cuda.get_cuda_path()
