@@ -60,8 +60,9 @@ CP-SAT calls of the whole call (shared evenly among the solves still to come); s
 CP-SAT's for the primary objective and gap = (objective - bound) / objective. One search worker,
 a fixed random seed, interleave_search off and a deterministic warm start make the search
 deterministic: the same inputs give the same plan. `alternatives=K` adds a no-good on the plan's
-candidates (not their SM counts) and solves again, K times: the next-best plans with another
-set of regions, strategies or pipeline cuts, in order of the model's latency.
+kernels (`kernel_units`: not its region boundaries, SM counts or ring depths) and solves again,
+K times, each solve started from a DP cover that runs other kernels: the next-best plans that run
+other kernels, in order of the model's latency.
 
 Guarantees
 ----------
@@ -796,7 +797,7 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
             key = r.kernel_key()
             nogoods.append(("nogood", [v for u in key for v in users.get(u, ())], len(key) - 1))
             if key in seen_kernels:
-                continue        # (the guard's re-timing can land on a listed plan's kernels)
+                continue        # (defensive: its no-good is in, the loop moves on)
             seen_kernels.add(key)
             alts.append(r)
         result = replace(result, alternatives=alts)
