@@ -12,9 +12,12 @@ import itertools
 import math
 from dataclasses import dataclass
 
+import numpy as np
+
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_tables
+from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
+                                      prefetch_stage_schedules, stage_tables)
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
@@ -64,10 +67,9 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     """Give each stage the SMs that minimise the slowest stage's time per tile."""
     J = len(choice.stages)
     total = spec.sm_count if total is None else total
-    if J * step > total:
+    probe = _probe(spec, choice, step, total)
+    if probe is None:
         return None
-    probe = PipelineChoice(choice.stages, (max(1, total // J),) * J, choice.tile_rows,
-                           choice.depths, choice.modes)
     plan = plan_stages(region, spec, probe)
     tab, srv, _ = stage_tables(region, spec, plan)
     if J == 1:
@@ -95,53 +97,49 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     return tuned, est
 
 
-def _tune_split(rows: list[list[float]], split, total: int, step: int, units: int,
-                lats: list[list[float]] | None = None) -> list[int]:
+def _tune_split(rows, split, total: int, step: int, units: int, lats=None) -> list[int]:
     """Hand out leftover SMs and move SMs between stages, one step at a time, while the closed-
     form makespan improves: sum(l) - min(l - t) + (units - 1) * max(t), rows[k][s] stage k's
     time per unit and lats[k][s] its unit latency on s SMs (default: the time; then it is
     sum(t) + (units - 1) * max(t)); each round takes the best move (the first of equals):
-    growing stage j, then moving a step from stage i to stage j, j and i in order."""
+    growing stage j, then moving a step from stage i to stage j, j and i in order. A round
+    prices all its moves at once (each move's sums in the same order as one by one)."""
     J = len(split)
     w = units - 1
-    lats = rows if lats is None else lats
+    T = np.asarray(rows, dtype=float)
+    L = T if lats is None else np.asarray(lats, dtype=float)
+    last = T.shape[1] - 1
+    stage = np.arange(J)
+    moves = [(j, None) for j in range(J)] + [(j, i) for j in range(J) for i in range(J) if i != j]
+    delta = np.zeros((len(moves), J), dtype=np.int64)
+    for r, (j, i) in enumerate(moves):
+        delta[r, j] += step
+        if i is not None:
+            delta[r, i] -= step
+    grow = np.array([i is None for _, i in moves])
+    donor = np.array([0 if i is None else i for _, i in moves])
 
     def cost(idx):
-        ts = [rows[k][s] for k, s in enumerate(idx)]
-        ls = [lats[k][s] for k, s in enumerate(idx)]
+        ts, ls = T[stage, idx], L[stage, idx]
         acc = 0
-        for x in ls:        # one by one in order, as sum() adds NumPy values (never compensated)
-            acc = acc + x
-        return acc - min(a - b for a, b in zip(ls, ts)) + w * max(ts)
+        for k in range(J):  # one by one in order, as sum() adds NumPy values (never compensated)
+            acc = acc + ls[:, k]
+        with np.errstate(invalid="ignore"):     # moves off the table (masked out) give NaN
+            return acc - (ls - ts).min(axis=1) + w * ts.max(axis=1)
 
-    split = list(split)
-    best = cost(split)
+    split = np.array(split, dtype=np.int64)
+    best = cost(split[None, :])[0]
     for _ in range(4 * total // step + 8):
         bar = best * (1 - 1e-12)
-        trial = None
-        if sum(split) + step <= total:
-            for j in range(J):
-                idx = split.copy()
-                idx[j] += step
-                c = cost(idx)
-                if c < bar and (trial is None or c < trial[0]):
-                    trial = (c, j, None)
-        for j in range(J):
-            for i in range(J):
-                if i != j and split[i] - step >= step:
-                    idx = split.copy()
-                    idx[j] += step
-                    idx[i] -= step
-                    c = cost(idx)
-                    if c < bar and (trial is None or c < trial[0]):
-                        trial = (c, j, i)
-        if trial is None:
+        ok = np.where(grow, split.sum() + step <= total, split[donor] - step >= step)
+        c = cost(np.clip(split[None, :] + delta, 0, last))
+        c = np.where(ok & (c < bar), c, np.inf)
+        r = int(np.argmin(c))
+        if not c[r] < np.inf:
             break
-        best, j, i = trial
-        split[j] += step
-        if i is not None:
-            split[i] -= step
-    return split
+        best = c[r]
+        split = split + delta[r]
+    return [int(x) for x in split]
 
 
 def _even_split(total: int, parts: int, step: int) -> list[int]:
@@ -169,7 +167,7 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
     atoms = [a for a in fusion_groups(region)]
     rows_first = g.tensors[g.op(region.ops[0]).outputs[0]].rows
     tile_opts = sorted({min(t, max(1, rows_first)) for t in TILE_ROWS})
-    out = []
+    bases = []
     for k in range(1, min(max_stages, len(atoms)) + 1):
         for comp in _compositions(len(atoms), k):
             stages = tuple(tuple(o for a in atoms[lo:hi] for o in a) for lo, hi in comp)
@@ -181,16 +179,42 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
             for tile_rows in tiles:
                 for modes in mode_sets:
                     for depth in (depths if k > 1 else (1,)):
-                        base = PipelineChoice(stages, (1,) * k, tile_rows, (depth,) * (k - 1), modes)
-                        try:
-                            r = balanced(region, spec, base, step)
-                            if r is None:
-                                continue
-                            ch, est = r
-                        except InfeasibleError:
-                            continue
-                        out.append(PipelineCandidate(region, ch, est))
+                        bases.append(PipelineChoice(stages, (1,) * k, tile_rows,
+                                                    (depth,) * (k - 1), modes))
+    prefetch_stage_schedules(spec, [(region, p) for p in _probe_plans(region, spec, bases, step)])
+    out = []
+    for base in bases:
+        try:
+            r = balanced(region, spec, base, step)
+            if r is None:
+                continue
+            ch, est = r
+        except InfeasibleError:
+            continue
+        out.append(PipelineCandidate(region, ch, est))
     return out
+
+
+def _probe_plans(region: Region, spec: HwSpec, bases, step: int = 1) -> list:
+    """The plans balanced() probes for these choices (those it gets to: feasible ones)."""
+    plans = []
+    for choice in bases:
+        probe = _probe(spec, choice, step, spec.sm_count)
+        if probe is not None:
+            try:
+                plans.append(plan_stages(region, spec, probe))
+            except InfeasibleError:
+                pass
+    return plans
+
+
+def _probe(spec: HwSpec, choice: PipelineChoice, step: int, total: int) -> PipelineChoice | None:
+    """balanced()'s probe: the choice on an even split of `total` SMs (None: too few SMs)."""
+    J = len(choice.stages)
+    if J * step > total:
+        return None
+    return PipelineChoice(choice.stages, (max(1, total // J),) * J, choice.tile_rows,
+                          choice.depths, choice.modes)
 
 
 def best_pipeline(region: Region, spec: HwSpec, step: int = 1) -> PipelineCandidate | None:

@@ -29,7 +29,8 @@ from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
-from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_latency, stage_unit_time
+from kitsune_dse.cost.stage_sim import (TEAMS_PER_SM, StageShape, prefetch_schedules,
+                                         stage_unit_latency, stage_unit_time)
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
@@ -648,9 +649,17 @@ def servers_for(t, single_t, cap: int, units: int):
     # last bits of t, or one SM more on the chip could double a stage's servers; ties go to
     # the fewer servers)
     ratio = np.round(ratio, 9)
-    divs = np.array([d for d in range(1, max(1, min(cap, units)) + 1) if units % d == 0], dtype=float)
+    divs = _divisors(int(units), int(max(1, min(cap, units))))
     k = np.argmin(np.abs(ratio.reshape(-1, 1) - divs.reshape(1, -1)), axis=1)
     return divs[k].reshape(t.shape).astype(np.int64)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _divisors(units: int, most: int) -> np.ndarray:
+    """The divisors of `units` up to `most`, ascending (read only: shared by every caller)."""
+    divs = np.array([d for d in range(1, most + 1) if units % d == 0], dtype=float)
+    divs.flags.writeable = False
+    return divs
 
 
 def _stage_ratio(totals: dict, j: int, sms):
@@ -861,6 +870,21 @@ def _works_at_plan_load(region: Region, spec: HwSpec, plan: StagePlan):
     works, totals = stage_works(region, spec, plan)
     load = chip_load(works, plan, spec)
     return (_with_load(works, load) if load >= 0 else works), totals
+
+
+def prefetch_stage_schedules(spec: HwSpec, plans) -> None:
+    """Replay the worker schedules of the several-step stages of these (region, plan) pairs
+    side by side (stage_sim.prefetch_schedules), as stage_tables and pipeline() will ask for
+    them (stage works at the plan's own chip load): the search prices hundreds of plans of one
+    window, and their replays together cost a fraction of one by one. Changes no number."""
+    stages = []
+    for region, plan in plans:
+        try:
+            works, totals = _works_at_plan_load(region, spec, plan)
+        except InfeasibleError:     # its pricing will say so
+            continue
+        stages += [(w, sh) for w, sh in zip(works, totals["stage_shapes"]) if sh is not None]
+    prefetch_schedules(stages, spec)
 
 
 def _load_matters(works, spec: HwSpec) -> bool:

@@ -131,11 +131,23 @@ def _servers_pass(t, arrive, block, c: int) -> np.ndarray:
     N = t.size
     if c <= 1:
         return _stage_pass(t, arrive, block)
-    D = np.empty(N)
     if c * c <= N:
-        for r in range(c):
-            D[r::c] = _stage_pass(t[r::c], arrive[r::c], block[r::c])
-        return D
+        # the c chains side by side: unit n is row n // c, column n % c of a [rows, c] array
+        # whose columns are the chains; cumsum and the running maximum along axis 0 add and
+        # compare each column in the same order as a pass over that chain alone (bit for bit
+        # the per-chain result), in one call instead of c. Padding units at the end (t = 0,
+        # arrive = block = -inf) come after every real unit of their column: they change none
+        rows = -(-N // c)
+        pad = rows * c - N
+        if pad:
+            t = np.concatenate((t, np.zeros(pad)))
+            arrive = np.concatenate((arrive, np.full(pad, -np.inf)))
+            block = np.concatenate((block, np.full(pad, -np.inf)))
+        tt = t.reshape(rows, c)
+        acc = np.cumsum(tt, axis=0)
+        e = np.maximum(arrive.reshape(rows, c) + tt, block.reshape(rows, c))
+        return (acc + np.maximum.accumulate(e - acc, axis=0)).reshape(-1)[:N]
+    D = np.empty(N)
     prev = np.full(c, -np.inf)
     for k in range(0, N, c):
         m = min(c, N - k)
@@ -166,27 +178,27 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
     m = min([int(x) for x in c if x > 1] + [int(bj - gj + 1) for bj, gj in zip(b, g)] + [N])
     if m >= 4:
         return _chunked(t, b, sync_s, arrive0, servers=c, blockers=blockers, m=m)
-    # plain floats: NumPy's per-element access would cost more than the arithmetic
+    # plain floats: NumPy's per-element access would cost more than the arithmetic. Per
+    # stage: its row, servers, service times, blockers and the row of the stage it blocks on
+    # (the same comparisons and sums in the same order as the recurrence, fewer lookups)
     tl, a0 = t.tolist(), arrive0.tolist()
-    bl = [k.tolist() for k in blockers] + [None]
-    cl = [int(x) for x in c]
     rows = [[0.0] * N for _ in range(J)]
+    stages = [(rows[j], int(c[j]), tl[j], blockers[j].tolist() if j < J - 1 else None,
+               rows[j + 1] if j < J - 1 else None) for j in range(J)]
     for n in range(N):
-        up = None
-        for j in range(J):
-            Dj = rows[j]
-            start = a0[n] if up is None else up[n] + sync_s
-            cj = cl[j]
+        start = a0[n]
+        for Dj, cj, tj, bj, down in stages:
             if n >= cj and Dj[n - cj] > start:
                 start = Dj[n - cj]
-            d = start + tl[j][n]
-            bj = bl[j]
-            if bj is not None and bj[n] >= 0:
-                blk = rows[j + 1][bj[n]] + sync_s
-                if blk > d:
-                    d = blk
+            d = start + tj[n]
+            if bj is not None:
+                k = bj[n]
+                if k >= 0:
+                    blk = down[k] + sync_s
+                    if blk > d:
+                        d = blk
             Dj[n] = d
-            up = Dj
+            start = d + sync_s      # the next stage's arrival
     return np.array(rows, dtype=float)
 
 
