@@ -78,13 +78,14 @@ def makespans(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray]:
         keys.append(key)
         if key not in _CACHE and key not in todo:
             todo[key] = (shape, tau, step_sync_s)
-    # one replay per step count, simulated row-blocks and items per step (to the next power
-    # of two: a job padded to another's items pays for them)
+    # one replay per number of simulated row-blocks and items per step (to the next power of
+    # two, at least 4): a job padded to others' items pays for them, but a few cost less than
+    # another replay (and padding a job to more steps costs more than it saves)
     groups: dict = {}
     W = int(workers.max())
     for key, (shape, _, _) in todo.items():
         rs = min(max(1, int(shape.row_blocks)), SIM_ROW_BLOCKS)
-        widths = tuple(1 << (min(n, W) - 1).bit_length() for n in shape.items)
+        widths = tuple(max(4, 1 << (min(n, W) - 1).bit_length()) for n in shape.items)
         groups.setdefault((rs, widths), []).append(key)
     got = {}
     for members in groups.values():
@@ -130,11 +131,10 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
     taus = [tau if tau.shape[0] != K else np.vstack([tau, tau]) for _, tau, _ in jobs]
     tau_rows = np.concatenate(taus, axis=1)                       # [2K, n]: busy, then lone
     wk = np.tile(workers, B)
-    Wc = wk[:, None]
     # when each worker is free, row by row in one flat array; each row's last entry is
     # scratch: the padding entries of the item lists below write there
     free = np.zeros(n * (W + 1))
-    base = (np.arange(n) * (W + 1))[:, None]
+    base = np.arange(n) * (W + 1)
     done = np.zeros((Rs, K, n))            # finish time of every item of (rb, k)
     done_flat = done.reshape(-1)
     row_ids = np.arange(n)
@@ -142,34 +142,36 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
     rel = _per_row([sh.release_step if 0 <= sh.release_step < K else K - 1 for sh in shapes],
                    n_s, np.int64)
     same_look = bool((look == look[0]).all() and (rel == rel[0]).all())
-    step_sync = [(j[2] or (sync_s,) * K) for j in jobs]
+    step_sync = [j[2] or (sync_s,) * K for j in jobs]
     # of step k's n items in row-block rb, worker (rb * n + i) mod w takes items i, i + w, ...:
     # only the min(n, w) workers with an item are touched (a few of the stage's workers), and
     # which ones and how long they run is known before the replay
     steps = []
     for k in range(K):
         nk = _per_row([sh.items[k] for sh in shapes], n_s, np.int64)
-        cap = np.minimum(nk, wk)[:, None]
-        i = np.arange(int(np.minimum(nk, W).max()))[None, :]
+        # (items along the first axis, rows along the last: a row-block's end is then a
+        # maximum over whole rows of items, not over each row's few items, many times faster)
+        cap = np.minimum(nk, wk)
+        i = np.arange(int(np.minimum(nk, W).max()))[:, None]
         has = i < cap
-        off = (np.arange(Rs)[:, None] * nk[None, :]) % wk[None, :]
-        idx = base + np.where(has, (off[:, :, None] + i) % Wc, W)  # [Rs, n, items]
+        off = ((np.arange(Rs)[:, None] * nk[None, :]) % wk[None, :])[:, None, :]
+        idx = base + np.where(has, (off + i) % wk, W)              # [Rs, items, n]
         # a padding entry ends at -inf: it never counts in the row-block's end (its scratch
         # slot is never read for a real item)
-        m = (nk[:, None] - 1 - i) // Wc + 1                          # items per worker
-        busy = np.where(has, m * tau_rows[k][:, None], -np.inf)
+        m = (nk - 1 - i) // wk + 1                                   # items per worker
+        busy = np.where(has, m * tau_rows[k], -np.inf)
         # worker c's SM-mate is c + w/2 (mod w): an item runs alone when the mate has no item
         # of the same (rb, k) and is free when it starts (only a worker's single item can).
         # (A job whose lone times are its busy ones, or with no lone item, gets its busy time
         # either way: lone is then busy entry for entry)
         alone = None
-        half = Wc // 2
-        mate_here = ((i + half) % Wc) < cap                          # [n, items]
-        lone_item = (has & ~mate_here & (m == 1)).reshape(B, -1).any(axis=1)
+        half = wk // 2
+        mate_here = ((i + half) % wk) < cap                          # [items, n]
+        lone_item = (has & ~mate_here & (m == 1)).reshape(-1, B, n_s).any(axis=(0, 2))
         differs = [not np.array_equal(t[k], t[K + k]) for t in taus]
         if any(d and a for d, a in zip(differs, lone_item)):
-            pidx = base + (((off[:, :, None] + i) % Wc + half) % Wc)
-            lone = np.where(has, np.where(m == 1, tau_rows[K + k][:, None], busy), -np.inf)
+            pidx = base + (((off + i) % wk + half) % wk)
+            lone = np.where(has, np.where(m == 1, tau_rows[K + k], busy), -np.inf)
             alone = (pidx, mate_here, lone)
         sync_k = _per_row([s[k] for s in step_sync], n_s, float)
         if (sync_k == sync_k[0]).all():
@@ -187,28 +189,27 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
                 hi = int(slots.max()) if (slots > 0).all() else Rs
                 at = -slots * K * n + (k + 1) * n + row_ids
                 mask = ((slots > 0)[None, :] & (np.arange(hi)[:, None] >= slots[None, :]))
-                slot = (same, lo, hi, at, mask[:, :, None], late[:, None], bool(late.all()),
-                        bool((~late).all()))
+                slot = (same, lo, hi, at, mask, late, bool(late.all()), bool((~late).all()))
         steps.append((idx, busy, alone, sync_k, slot))
-    zero = np.zeros((n, 1))
+    zero = np.zeros(n)
     for rb in range(Rs):
         row = done[rb]
         for k, (idx, busy, alone, sync_k, slot) in enumerate(steps):
             if k > 0:
-                ready = (row[k - 1] + sync_k)[:, None]
+                ready = row[k - 1] + sync_k
             elif same_look:
-                ready = done[rb - look[0], rel[0]][:, None] + sync_s if rb >= look[0] else zero
+                ready = done[rb - look[0], rel[0]] + sync_s if rb >= look[0] else zero
             else:
                 src = rb - look
                 got = done[np.maximum(src, 0), rel, row_ids] + sync_s
-                ready = np.where(src >= 0, got, 0.0)[:, None]
+                ready = np.where(src >= 0, got, 0.0)
             before = after = None
             if slot is not None and rb >= slot[1]:
                 same, _, hi, at, mask, late, all_late, none_late = slot
                 if same is not None:
-                    wait = done[rb - same, k + 1][:, None] + sync_s
+                    wait = done[rb - same, k + 1] + sync_s
                 else:
-                    wait = (np.take(done_flat, rb * K * n + at, mode="wrap") + sync_s)[:, None]
+                    wait = np.take(done_flat, rb * K * n + at, mode="wrap") + sync_s
                     if rb < hi:
                         wait = np.where(mask[rb], wait, -np.inf)
                 # a GEMM step waits for its slot only before its epilogue (late), others first
@@ -232,7 +233,7 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
             if after is not None:
                 end = np.maximum(end, after)
             free[at] = end
-            row[k] = _max_reduce(end, axis=1)
+            row[k] = _max_reduce(end, axis=0)
     # the stage ends with its last item (a later row-block may finish before an earlier one)
     ends = np.maximum.accumulate(done.max(axis=1), axis=0)
     out = []

@@ -57,7 +57,8 @@ import numpy as np
 from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_candidates,
                                       stream_segments)
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_tables
+from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
+                                      prefetch_stage_schedules, stage_tables)
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.strategies import (STRATEGIES, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
@@ -341,12 +342,14 @@ class _PipelineEnumerator:
         self.evaluated = 0
         self.exact_calls = 0
 
-    def evaluate(self, region: Region, stages, tile_rows: int, modes, order: int):
-        """Probe plan, stage-time table, SMs balanced over it, the model's closed-form time."""
-        spec, S, g = self.spec, self.spec.sm_count, self.step
+    def probe_plan(self, region: Region, stages, tile_rows: int, modes):
+        """The plan evaluate() probes: SMs split evenly, queues PROBE_DEPTH deep, or 1 deep
+        where that does not fit the usable L2. (plan, None), or (None, bytes one slot per queue
+        needs) when even one does not fit, or (None, None) when infeasible or too few SMs."""
+        spec, S = self.spec, self.spec.sm_count
         J = len(stages)
-        if J * g > S:
-            return None
+        if J * self.step > S:
+            return None, None
         probe = PipelineChoice(stages, (max(1, S // J),) * J, tile_rows,
                                (PROBE_DEPTH,) * (J - 1), modes)
         try:
@@ -355,11 +358,31 @@ class _PipelineEnumerator:
                 need = sum(plan.slot_bytes)
                 if PROBE_DEPTH * need > spec.l2_usable_bytes:
                     if need > spec.l2_usable_bytes:
-                        self.l2_dropped += 1
-                        self.min_queue_bytes = min(self.min_queue_bytes, need)
-                        return None
+                        return None, need
                     probe = PipelineChoice(stages, probe.sms, tile_rows, (1,) * (J - 1), modes)
                     plan = plan_stages(region, spec, probe)
+        except InfeasibleError:
+            return None, None
+        return plan, None
+
+    def prefetch(self, region: Region, probes) -> None:
+        """Replay the stages of the plans evaluate() will probe for these (stages, tile_rows,
+        modes) side by side (cost.pipeline.prefetch_stage_schedules)."""
+        plans = [self.probe_plan(region, *p)[0] for p in probes]
+        prefetch_stage_schedules(self.spec, [(region, p) for p in plans if p is not None])
+
+    def evaluate(self, region: Region, stages, tile_rows: int, modes, order: int):
+        """Probe plan, stage-time table, SMs balanced over it, the model's closed-form time."""
+        spec, S, g = self.spec, self.spec.sm_count, self.step
+        J = len(stages)
+        plan, need = self.probe_plan(region, stages, tile_rows, modes)
+        if plan is None:
+            if need is not None:
+                self.l2_dropped += 1
+                self.min_queue_bytes = min(self.min_queue_bytes, need)
+            return None
+        probe = plan.choice
+        try:
             tab, totals = table_and_totals(region, spec, plan)
         except InfeasibleError:
             return None
@@ -412,6 +435,40 @@ class _PipelineEnumerator:
         return out
 
     def limited(self, region: Region, atoms: list[tuple[str, ...]], work: list[float]):
+        return self.together({0: self.limited_steps(region, atoms, work)})[0]
+
+    def together(self, searches: dict) -> dict:
+        """Run limited_steps generators side by side: each yields the plans it is about to
+        price, ("probe", region, [(stages, tile_rows, modes)]) for evaluate() or ("exact",
+        region, [choices]) for pipeline(), and is resumed once the stages of every search's
+        plans have been replayed together (prefetch_stage_schedules); key -> its result. The
+        searches are pure: the same results as one after another, in a fraction of the time."""
+        results, waiting = {}, dict(searches)
+        while waiting:
+            asks, ready = [], {}
+            for key, gen in waiting.items():
+                try:
+                    asks.append(next(gen))
+                    ready[key] = gen
+                except StopIteration as stop:
+                    results[key] = stop.value
+            plans = []
+            for kind, region, items in asks:
+                if kind == "probe":
+                    plans += [(region, p) for p in (self.probe_plan(region, *i)[0] for i in items)
+                              if p is not None]
+                else:
+                    for choice in items:
+                        try:
+                            plans.append((region, plan_stages(region, self.spec, choice)))
+                        except InfeasibleError:
+                            pass
+            prefetch_stage_schedules(self.spec, plans)
+            waiting = ready
+        return results
+
+    def limited_steps(self, region: Region, atoms: list[tuple[str, ...]], work: list[float]):
+        """The pipeline candidates of a window of atoms (a generator: see together())."""
         g = self.graph
         k = len(atoms)
         rows_first = max(1, g.tensors[g.op(region.ops[0]).outputs[0]].rows)
@@ -420,12 +477,14 @@ class _PipelineEnumerator:
         out: list[_PipeEval] = []
         seen = set()
         order = 0
+        cuts = []
         for comp in self.cut_options(atoms, work, k):
             J = len(comp)
             stages = tuple(tuple(sorted((o for a in atoms[lo:hi] for o in a), key=g.index))
                            for lo, hi in comp)
-            tile = default_tile if J > 1 else rows_first
-            modes = ("row",) * (J - 1)
+            cuts.append((stages, default_tile if J > 1 else rows_first, ("row",) * (J - 1)))
+        yield ("probe", region, cuts)
+        for stages, tile, modes in cuts:
             seen.add((stages, tile, modes))
             ev = self.evaluate(region, stages, tile, modes, order)
             order += 1
@@ -439,6 +498,8 @@ class _PipelineEnumerator:
             J = len(stages)
             row = ("row",) * (J - 1)
             tried = [base]
+            yield ("probe", region, [(stages, tile, row) for tile in tile_opts
+                                     if (stages, tile, row) not in seen])
             for tile in tile_opts:
                 if (stages, tile, row) in seen:
                     continue
@@ -457,6 +518,7 @@ class _PipelineEnumerator:
                 if ev is not None:
                     out.append(ev)
         kept = _keep(out, lambda e: (e.model_s, e.dram, e.order))
+        yield ("exact", region, [e.choice for e in kept])
         for e in kept:
             try:
                 e.estimate = pipeline(region, self.spec, e.choice)
@@ -473,6 +535,7 @@ class _PipelineEnumerator:
         evals = [_PipeEval(ch, est, i, model_s=est.latency_s, dram=est.dram_bytes)
                  for i, (ch, est) in enumerate(res)]
         kept = _keep(evals, lambda e: (e.model_s, e.dram, e.order))
+        self.prefetch(region, [(e.choice.stages, e.choice.tile_rows, e.choice.modes) for e in kept])
         for e in kept:
             # the solver's table: at a queue depth that fits the L2 (as evaluate probes it), not
             # at compare's depth, whose queues may spill and slow every stage down
@@ -658,14 +721,35 @@ def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step
     work = [0.0] * n
     cands: list[Candidate] = []
     span_ids: dict[tuple[int, int], dict[str, list[int]]] = {}
+    seen_windows: dict = {}      # (lo, hi) -> ops, region, signature names, full, do_pipe, key
+    limited: dict = {}           # key -> the pipeline search of its first window (evals)
+
+    def window(lo, hi):
+        if (lo, hi) not in seen_windows:
+            ops = tuple(sorted((o for a in atoms[lo:hi] for o in a), key=graph.index))
+            region = Region.of(graph, ops)
+            sig, names = window_signature(region, spec)
+            full = (lo, hi) in full_pipe
+            do_pipe = (want_pipe and seg_of[lo] == seg_of[hi - 1]
+                       and (full or hi - lo <= min(max_window, MAX_PIPELINE_ATOMS)))
+            seen_windows[(lo, hi)] = (ops, region, sig, names, full, do_pipe,
+                                      (sig, do_pipe, full))
+        return seen_windows[(lo, hi)]
+
     for wi, (lo, hi) in enumerate(windows):
-        ops = tuple(sorted((o for a in atoms[lo:hi] for o in a), key=graph.index))
-        region = Region.of(graph, ops)
-        sig, names = window_signature(region, spec)
-        full = (lo, hi) in full_pipe
-        do_pipe = (want_pipe and seg_of[lo] == seg_of[hi - 1]
-                   and (full or hi - lo <= min(max_window, MAX_PIPELINE_ATOMS)))
-        key = (sig, do_pipe, full)
+        if wi == 0 or hi - lo != windows[wi - 1][1] - windows[wi - 1][0]:
+            # the pipeline searches of every new window of this size, side by side (their
+            # stage replays together); the one-atom windows before give the atom times
+            steps = {}
+            for w in windows[wi:]:
+                if w[1] - w[0] != hi - lo:
+                    break
+                _, region, _, _, full, do_pipe, key = window(*w)
+                if do_pipe and not full and key not in cache and key not in steps:
+                    steps[key] = enum.limited_steps(region, [tuple(a) for a in atoms[w[0]:w[1]]],
+                                                       work[w[0]:w[1]])
+            limited = enum.together(steps)
+        ops, region, sig, names, full, do_pipe, key = seen_windows.pop((lo, hi), None) or window(lo, hi)
         if key in cache:
             hits += 1
             src_names, entries = cache[key]
@@ -680,7 +764,7 @@ def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step
                                            ch.depths, ch.modes), est) for ch, est in res]
                     evals = enum.full(region, res)
                 else:
-                    evals = enum.limited(region, [tuple(a) for a in atoms[lo:hi]], work[lo:hi])
+                    evals = limited.pop(key)
                 for e in evals:
                     p = e.plan
                     entries.append(_Entry(
