@@ -12,8 +12,6 @@ import itertools
 import math
 from dataclasses import dataclass
 
-import numpy as np
-
 
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
@@ -97,49 +95,69 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     return tuned, est
 
 
-def _tune_split(rows, split, total: int, step: int, units: int, lats=None) -> list[int]:
+def _tune_split(rows: list[list[float]], split, total: int, step: int, units: int,
+                lats: list[list[float]] | None = None) -> list[int]:
     """Hand out leftover SMs and move SMs between stages, one step at a time, while the closed-
     form makespan improves: sum(l) - min(l - t) + (units - 1) * max(t), rows[k][s] stage k's
     time per unit and lats[k][s] its unit latency on s SMs (default: the time; then it is
     sum(t) + (units - 1) * max(t)); each round takes the best move (the first of equals):
-    growing stage j, then moving a step from stage i to stage j, j and i in order. A round
-    prices all its moves at once (each move's sums in the same order as one by one)."""
+    growing stage j, then moving a step from stage i to stage j, j and i in order."""
     J = len(split)
     w = units - 1
-    T = np.asarray(rows, dtype=float)
-    L = T if lats is None else np.asarray(lats, dtype=float)
-    last = T.shape[1] - 1
-    stage = np.arange(J)
-    moves = [(j, None) for j in range(J)] + [(j, i) for j in range(J) for i in range(J) if i != j]
-    delta = np.zeros((len(moves), J), dtype=np.int64)
-    for r, (j, i) in enumerate(moves):
-        delta[r, j] += step
-        if i is not None:
-            delta[r, i] -= step
-    grow = np.array([i is None for _, i in moves])
-    donor = np.array([0 if i is None else i for _, i in moves])
+    lats = rows if lats is None else lats
 
-    def cost(idx):
-        ts, ls = T[stage, idx], L[stage, idx]
-        acc = 0
-        for k in range(J):  # one by one in order, as sum() adds NumPy values (never compensated)
-            acc = acc + ls[:, k]
-        with np.errstate(invalid="ignore"):     # moves off the table (masked out) give NaN
-            return acc - (ls - ts).min(axis=1) + w * ts.max(axis=1)
+    def cost(ts, ls):
+        # as sum(ls) - min(l - t) + w * max(ts), one by one in order (sum() adds NumPy values
+        # never compensated; min and max keep the first of equals)
+        acc = 0 + ls[0]
+        low = ls[0] - ts[0]
+        top = ts[0]
+        for k in range(1, J):
+            acc = acc + ls[k]
+            d = ls[k] - ts[k]
+            if d < low:
+                low = d
+            if ts[k] > top:
+                top = ts[k]
+        return acc - low + w * top
 
-    split = np.array(split, dtype=np.int64)
-    best = cost(split[None, :])[0]
+    split = list(split)
+    best = cost([rows[k][s] for k, s in enumerate(split)], [lats[k][s] for k, s in enumerate(split)])
     for _ in range(4 * total // step + 8):
         bar = best * (1 - 1e-12)
-        ok = np.where(grow, split.sum() + step <= total, split[donor] - step >= step)
-        c = cost(np.clip(split[None, :] + delta, 0, last))
-        c = np.where(ok & (c < bar), c, np.inf)
-        r = int(np.argmin(c))
-        if not c[r] < np.inf:
+        trial = None
+        # each stage's time and latency now, one step more and one step less (a move changes
+        # one or two stages)
+        now_t = [rows[k][s] for k, s in enumerate(split)]
+        now_l = [lats[k][s] for k, s in enumerate(split)]
+        grow = sum(split) + step <= total
+        up = [(rows[k][s + step], lats[k][s + step]) if s + step < len(rows[k]) else None
+              for k, s in enumerate(split)]
+        down = [(rows[k][s - step], lats[k][s - step]) if s - step >= step else None
+                for k, s in enumerate(split)]
+        if grow:
+            for j in range(J):
+                ts, ls = now_t.copy(), now_l.copy()
+                ts[j], ls[j] = up[j]
+                c = cost(ts, ls)
+                if c < bar and (trial is None or c < trial[0]):
+                    trial = (c, j, None)
+        for j in range(J):
+            for i in range(J):
+                if i != j and down[i] is not None:
+                    ts, ls = now_t.copy(), now_l.copy()
+                    ts[j], ls[j] = up[j]
+                    ts[i], ls[i] = down[i]
+                    c = cost(ts, ls)
+                    if c < bar and (trial is None or c < trial[0]):
+                        trial = (c, j, i)
+        if trial is None:
             break
-        best = c[r]
-        split = split + delta[r]
-    return [int(x) for x in split]
+        best, j, i = trial
+        split[j] += step
+        if i is not None:
+            split[i] -= step
+    return split
 
 
 def _even_split(total: int, parts: int, step: int) -> list[int]:
@@ -163,6 +181,11 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
                         depths=(2,)):
     """Every stage split of a streamable region (cuts between fused groups), each with balanced
     SMs, for each tile size, queue mode and depth; infeasible ones are skipped."""
+    return priced_candidates(region, spec, pipeline_bases(region, max_stages, depths), step)
+
+
+def pipeline_bases(region: Region, max_stages: int = MAX_STAGES, depths=(2,)) -> list:
+    """The choices pipeline_candidates balances and prices, in its order (SMs still 1 each)."""
     g = region.graph
     atoms = [a for a in fusion_groups(region)]
     rows_first = g.tensors[g.op(region.ops[0]).outputs[0]].rows
@@ -181,6 +204,12 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
                     for depth in (depths if k > 1 else (1,)):
                         bases.append(PipelineChoice(stages, (1,) * k, tile_rows,
                                                     (depth,) * (k - 1), modes))
+    return bases
+
+
+def priced_candidates(region: Region, spec: HwSpec, bases, step: int = 1) -> list:
+    """balanced() of each of these choices, in order; infeasible ones are skipped (a slice of
+    pipeline_bases gives the same slice of pipeline_candidates)."""
     prefetch_stage_schedules(spec, [(region, p) for p in _probe_plans(region, spec, bases, step)])
     out = []
     for base in bases:

@@ -157,22 +157,62 @@ def _servers_pass(t, arrive, block, c: int) -> np.ndarray:
     return D
 
 
+class _StagePass:
+    """_servers_pass of one stage with its blocking term, for the sweeps of _general: what no
+    sweep changes (the service times' running sums, by server chain; where each unit's slot
+    is freed) is set up once, the same operations in the same order each sweep."""
+
+    def __init__(self, t, c: int, b: int, blocker):
+        N = t.size
+        self.t, self.c, self.N, self.b = t, c, N, b
+        self.src = None if blocker is None else blocker[b:]    # (None: unit u - b frees it)
+        self.rows = -(-N // c) if 1 < c and c * c <= N else 0
+        size = self.rows * c if self.rows else N
+        # blocking times; units < b wait for no slot (-inf), as do the chains' padding units
+        self.block = np.full(size, -np.inf)
+        if c <= 1:
+            self.acc = np.cumsum(t)
+        elif self.rows:
+            tt = np.zeros(size)
+            tt[:N] = t
+            self.tt = tt.reshape(self.rows, c)
+            self.acc = np.cumsum(self.tt, axis=0)
+            self.arrive = np.full(size, -np.inf)
+
+    def run(self, arrive, down, sync_s: float) -> np.ndarray:
+        """The stage's departures for these arrivals and the departures of the stage it
+        blocks on (down; None for the last stage)."""
+        N, b = self.N, self.b
+        if down is not None and b < N:
+            if self.src is None:
+                np.add(down[:N - b], sync_s, out=self.block[b:N])
+            else:
+                np.add(down[self.src], sync_s, out=self.block[b:N])
+        if self.c <= 1:
+            e = np.maximum(arrive + self.t, self.block)
+            return self.acc + np.maximum.accumulate(e - self.acc)
+        if self.rows:
+            self.arrive[:N] = arrive
+            shape = (self.rows, self.c)
+            e = np.maximum(self.arrive.reshape(shape) + self.tt, self.block.reshape(shape))
+            return (self.acc + np.maximum.accumulate(e - self.acc, axis=0)).reshape(-1)[:N]
+        return _servers_pass(self.t, arrive, self.block, self.c)
+
+
 def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
     """Departures with multi-server stages and grouped releases: Gauss-Seidel sweeps of
     closed-form passes over each stage's interleaved chains; if they have not settled, the
     exact unit-by-unit evaluation (every term refers to an earlier unit or an earlier stage)."""
     J, N = t.shape
     blockers = [_blocker(N, int(b[j]), int(g[j])) for j in range(J - 1)]
+    passes = [_StagePass(t[j], int(c[j]), int(b[j]) if j < J - 1 else N,
+                         blockers[j] if j < J - 1 and g[j] > 1 else None) for j in range(J)]
     D = np.full((J, N), -np.inf)
     for _ in range(max(1, max_sweeps)):
         old = D.copy()
-        for j in range(J):
-            arr = arrive0 if j == 0 else D[j - 1] + sync_s
-            blk = np.full(N, -np.inf)
-            if j < J - 1:
-                k = blockers[j]
-                blk[k >= 0] = D[j + 1][k[k >= 0]] + sync_s
-            D[j] = _servers_pass(t[j], arr, blk, int(c[j]))
+        for j, stage in enumerate(passes):
+            D[j] = stage.run(arrive0 if j == 0 else D[j - 1] + sync_s,
+                             D[j + 1] if j < J - 1 else None, sync_s)
         if np.array_equal(old, D):
             return D
     m = min([int(x) for x in c if x > 1] + [int(bj - gj + 1) for bj, gj in zip(b, g)] + [N])

@@ -71,12 +71,14 @@ def makespans(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray]:
     memoised yet are replayed side by side (_simulate_batch), those of the same step count and
     simulated row-blocks in one replay. Each job's result is the double its own replay gives."""
     workers = np.asarray(workers, dtype=np.int64).reshape(-1)
-    keys, todo = [], {}
+    keys, todo, got = [], {}, {}
     for shape, tau, step_sync_s in jobs:
         tau = np.asarray(tau, dtype=float).reshape(-1, workers.size)
         key = (shape, tau.tobytes(), workers.tobytes(), float(sync_s), step_sync_s)
         keys.append(key)
-        if key not in _CACHE and key not in todo:
+        if key in _CACHE:
+            got[key] = _CACHE[key]      # (taken now: storing the new ones may clear the memo)
+        elif key not in todo:
             todo[key] = (shape, tau, step_sync_s)
     # one replay per number of simulated row-blocks and items per step (to the next power of
     # two, at least 4): a job padded to others' items pays for them, but a few cost less than
@@ -87,16 +89,14 @@ def makespans(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray]:
         rs = min(max(1, int(shape.row_blocks)), SIM_ROW_BLOCKS)
         widths = tuple(max(4, 1 << (min(n, W) - 1).bit_length()) for n in shape.items)
         groups.setdefault((rs, widths), []).append(key)
-    got = {}
     for members in groups.values():
         for key, out in zip(members, _simulate_batch([todo[k] for k in members], workers,
                                                      float(sync_s))):
             got[key] = out
-    for key, out in got.items():
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.clear()
-        _CACHE[key] = out
-    return [(got[k] if k in got else _CACHE[k]).copy() for k in keys]
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key] = out
+    return [got[k].copy() for k in keys]
 
 
 _max_reduce = np.maximum.reduce     # (ndarray.max's Python wrapper is most of a call's cost here)

@@ -32,9 +32,11 @@ keep queues that spill past the L2), and the whole graph is always one more wind
 kernel strategies, so the candidate set contains a cover equal to every whole-model strategy of
 `kitsune-dse compare` (CandidateSet.baselines lists them; compare_baselines=False skips the
 pipeline one). These exhaustive searches are the costly part: those of windows of at least
-FORK_MIN_ATOMS atoms start at once in forked worker processes (KITSUNE_DSE_JOBS, default the
-CPU count; 1 runs them all in this process) while this process costs the other windows (and
-runs the short searches itself when it reaches them); the results are the same either way.
+FORK_MIN_ATOMS atoms start at once, in parts, in forked worker processes (KITSUNE_DSE_JOBS
+processes in all, this one included, default the CPU count; 1 runs them all in this process)
+while this process costs the other windows (the pipeline searches of the windows of one size
+side by side, their stage replays together) and then prices the parts no worker has started
+(and runs the short searches itself when it reaches them); the results are the same either way.
 
 Reuse. Windows are costed once per *structural signature* (op kinds, attrs, shapes, dtypes,
 which inputs are weights, graph inputs or come from inside the window, which outputs leave it,
@@ -54,8 +56,8 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_candidates,
-                                      stream_segments)
+from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_bases,
+                                      priced_candidates, stream_segments)
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
                                       prefetch_stage_schedules, stage_tables)
@@ -552,17 +554,23 @@ class _PipelineEnumerator:
 
 
 _FORKED: dict = {}
+SEARCH_CHUNK = 24           # choices of a long window's search priced per worker task
 
 
-def _pipeline_search(ops: tuple[str, ...]) -> list:
+def _pipeline_search(ops: tuple[str, ...], part: tuple[int, int] | None = None) -> list:
+    """compare.pipeline_candidates on a window, as [(choice, estimate)]; `part` (lo, hi): only
+    those of its pipeline_bases (the same slice of the whole search's results)."""
     graph, spec, step = _FORKED["args"]
-    return [(pc.choice, pc.estimate)
-            for pc in pipeline_candidates(Region.of(graph, ops), spec, step)]
+    region = Region.of(graph, ops)
+    bases = pipeline_bases(region)
+    if part is not None:
+        bases = bases[part[0]:part[1]]
+    return [(pc.choice, pc.estimate) for pc in priced_candidates(region, spec, bases, step)]
 
 
 def jobs() -> int:
-    """Worker processes for compare's exhaustive pipeline searches: KITSUNE_DSE_JOBS, else
-    the CPU count (1: in this process)."""
+    """Processes for compare's exhaustive pipeline searches, this one included:
+    KITSUNE_DSE_JOBS, else the CPU count (1: all in this process)."""
     try:
         return max(1, int(os.environ.get("KITSUNE_DSE_JOBS", "") or (os.cpu_count() or 1)))
     except ValueError:
@@ -571,46 +579,57 @@ def jobs() -> int:
 
 class _PipelineSearches:
     """cost.compare.pipeline_candidates on some windows (op tuples), the costly part of the
-    candidate search: independent pure computations. The `remote` ones (long windows) start at
-    once in forked worker processes (jobs() > 1) while this process costs the other windows,
-    and are collected when needed; the others (short windows: a few cuts, quick) and, without
-    fork, all of them run here when first asked for. This process needs the windows shortest
-    first, so a short one queued behind the long ones in a worker would only keep it waiting.
-    Same results either way."""
+    candidate search: independent pure computations. The `remote` ones (long windows) are cut
+    into parts of SEARCH_CHUNK choices that start at once in jobs() - 1 forked worker
+    processes, in the order this process will need them, while this process costs the other
+    windows; when it needs a remote window, it prices the parts no worker has started yet
+    itself (the last first), so that neither side waits for the other. The others (short
+    windows: a few cuts, quick) and, without fork, all of them run here when first asked for.
+    Same results either way: a window's parts, in order, are its whole search."""
 
     def __init__(self, graph: Graph, spec: HwSpec, step: int, tasks: dict, remote=None):
         self.args = (graph, spec, step)
-        self.tasks = tasks              # key -> ops
+        self.tasks = tasks              # key -> ops, in the order this process needs them
         self.done: dict = {}
-        self.futures: dict = {}
+        self.parts: dict = {}           # key -> [((lo, hi), future)] of a remote window
         self.pool = None
-        remote = {k: tasks[k] for k in (tasks if remote is None else remote)}
-        n = min(jobs(), len(remote))
-        if jobs() > 1 and n >= 1:
+        remote = [k for k in tasks if remote is None or k in remote]
+        if jobs() > 1 and remote:
             try:
                 import multiprocessing as mp
                 from concurrent.futures import ProcessPoolExecutor
                 if not mp.current_process().daemon and "fork" in mp.get_all_start_methods():
                     _FORKED["args"] = self.args
-                    self.pool = ProcessPoolExecutor(max_workers=n,
+                    self.pool = ProcessPoolExecutor(max_workers=jobs() - 1,
                                                     mp_context=mp.get_context("fork"))
-                    # longest windows first: they take longest
-                    for key, ops in sorted(remote.items(), key=lambda kv: -len(kv[1])):
-                        self.futures[key] = self.pool.submit(_pipeline_search, ops)
+                    for key in remote:
+                        n = len(pipeline_bases(Region.of(graph, tasks[key])))
+                        self.parts[key] = [
+                            ((lo, min(n, lo + SEARCH_CHUNK)),
+                             self.pool.submit(_pipeline_search, tasks[key], (lo, min(n, lo + SEARCH_CHUNK))))
+                            for lo in range(0, n, SEARCH_CHUNK)]
             except Exception:       # no fork here (sandbox, daemon worker...): run them here
                 self.close()
-                self.futures = {}
+                self.parts = {}
 
     def result(self, key) -> list:
         if key not in self.done:
-            fut = self.futures.get(key)
-            try:
-                self.done[key] = fut.result() if fut is not None else None
-            except Exception:
-                self.done[key] = None
-            if self.done[key] is None:
-                _FORKED["args"] = self.args
+            _FORKED["args"] = self.args
+            parts = self.parts.get(key)
+            if parts is None:
                 self.done[key] = _pipeline_search(self.tasks[key])
+            else:
+                here = {part: _pipeline_search(self.tasks[key], part)
+                        for part, fut in reversed(parts) if fut.cancel()}
+                out = []
+                for part, fut in parts:
+                    if part not in here:
+                        try:
+                            here[part] = fut.result()
+                        except Exception:
+                            here[part] = _pipeline_search(self.tasks[key], part)
+                    out += here[part]
+                self.done[key] = out
         return self.done[key]
 
     def close(self):
@@ -697,7 +716,7 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
     # parallel where possible
     tasks: dict = {}
     remote = set()
-    for w in sorted(full_pipe):
+    for w in sorted(full_pipe, key=lambda w: (w[1] - w[0], w[0])):     # as _build needs them
         ops = tuple(sorted((o for a in atoms[w[0]:w[1]] for o in a), key=graph.index))
         if seg_of[w[0]] == seg_of[w[1] - 1]:
             key = window_signature(Region.of(graph, ops), spec)[0]
