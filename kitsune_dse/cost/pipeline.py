@@ -230,35 +230,53 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
     workers interleave the items of every row-block its rings admit). A GEMM fed slab by slab
     through a split_k queue keeps every output tile of its row-block busy on each slab."""
-    g = region.graph
-    infos = [g.op(o).info for o in atom]
+    name, flops, simt_total, dtype, gemm, moved, row_op, concat = _atom_facts(region.graph, spec, atom)
     k = max(1, int(inflight))
-    tensor = sum(i.flops for i in infos if i.unit == "tensor") / units * k
-    simt = simt_flops(infos, spec) / units * k
-    dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
-    gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
-    name = "+".join(atom)
+    tensor = flops / units * k
+    simt = simt_total / units * k
     rr = {} if not reread else {**reread, "weight_pass_bytes": reread["weight_pass_bytes"] / units * k}
-    if gemms:
-        o, gi = max(gemms, key=lambda x: x[1].flops)
-        dtype = g.tensors[g.op(o).inputs[0]].dtype
-        gd = gi.gemm
+    if gemm is not None:
+        dtype, gd, dual, epilogue_inputs = gemm
         tile = pipe_tile(tile_rows)
         per = row_blocks if k_streamed else units
-        # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
-        dual = sum(1 for _, i in gemms if i.gemm == gd)
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
-                          gemm_n=gd.n, epilogue_inputs=_epilogue_inputs(g, atom, gd), **rr)
+                          gemm_n=gd.n, epilogue_inputs=epilogue_inputs, **rr)
+    return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
+                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
+                      row_op=row_op, concat=concat, **rr)
+
+
+def _atom_facts(g, spec: HwSpec, atom):
+    """What _atom_work takes from a fused group's ops alone, memoised (every plan with the
+    group in a stage asks again): its name, tensor FLOPs, SIMT FLOPs, dtype, the GEMM it is
+    timed as (input dtype, GemmInfo, products sharing it, epilogue inputs) or None, the bytes
+    its ops move, whether it reduces rows and whether it concatenates."""
+    memo = table(spec, "atom_facts")
+    key = (g, atom)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    infos = [g.op(o).info for o in atom]
+    flops = sum(i.flops for i in infos if i.unit == "tensor")
+    dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
+    gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
+    gemm = None
+    if gemms:
+        o, gi = max(gemms, key=lambda x: x[1].flops)
+        gd = gi.gemm
+        # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
+        gemm = (g.tensors[g.op(o).inputs[0]].dtype, gd, sum(1 for _, i in gemms if i.gemm == gd),
+                _epilogue_inputs(g, atom, gd))
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     # (narrow rows stream as fast per byte as wide ones: softmax of 1024 and of 4096 columns
     # within 2% at 68 SMs once the runtime stopped visiting others' row-blocks, harness v4)
-    rows_ops = [o for o, i in zip(atom, infos) if i.op_class is OpClass.ROW_REDUCTION]
-    return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
-                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
-                      row_op=bool(rows_ops),
-                      concat=any(g.op(o).kind == "concat" for o in atom), **rr)
+    row_op = any(i.op_class is OpClass.ROW_REDUCTION for i in infos)
+    concat = any(g.op(o).kind == "concat" for o in atom)
+    hit = memo[key] = ("+".join(atom), flops, simt_flops(infos, spec), dtype, gemm, moved,
+                       row_op, concat)
+    return hit
 
 
 def _epilogue_inputs(g, atom, gd) -> int:
@@ -892,7 +910,7 @@ def _load_matters(works, spec: HwSpec) -> bool:
     tells a quiet chip's apart) or a row op's stream (when the spec slows it with the load)."""
     gemm = spec.gemm_tile_fixed_idle_s is not None
     row = spec.persistent_row_load_slowdown > 0
-    return any(w.persistent and ((gemm and w.tile_shape) or (row and w.row_op)) for stage in works for w in stage)
+    return (gemm or row) and any(w.persistent and ((gemm and w.tile_shape) or (row and w.row_op)) for stage in works for w in stage)
 
 
 def _with_load(works, load: float):
@@ -919,6 +937,17 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
     streams at 2.2 TB/s on 66 or 132 SMs), and so does a step its tiles' operand loads from L2
     bound (roofline._operand_feed_s); every step at least its bytes at the chip's streaming
     bandwidth."""
+    if np.ndim(used) == 0:      # memoised: plans of the same stages at other SM splits ask again
+        memo = table(spec, "stream_floor")
+        key = (tuple(tuple(stage) for stage in works), used, units)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _stream_floor_of(works, spec, used, units)
+        return hit
+    return _stream_floor_of(works, spec, used, units)
+
+
+def _stream_floor_of(works, spec: HwSpec, used, units: int):
     floor = 0.0 if np.ndim(used) == 0 else np.zeros(len(used))
     bw = spec.hbm_bandwidth_from(used if np.ndim(used) == 0 else np.asarray(used, dtype=float))
     for stage in works:

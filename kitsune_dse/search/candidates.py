@@ -397,9 +397,14 @@ class _PipelineEnumerator:
             # as cost.compare.balance_sms: SMs left over go to the slowest stage, step by step
             split = [int(s) for s in split]
             rows = tab.tolist()
-            while sum(split) + g <= S:
-                j = max(range(J), key=lambda k: (rows[k][split[k]], -k))
+            used = sum(split)
+            while used + g <= S:
+                j, slowest = 0, rows[0][split[0]]       # the first of the slowest
+                for k in range(1, J):
+                    if rows[k][split[k]] > slowest:
+                        j, slowest = k, rows[k][split[k]]
                 split[j] += g
+                used += g
             sms = tuple(split)
         self.evaluated += 1
         units = plan.row_blocks * plan.slabs
