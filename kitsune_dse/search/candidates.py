@@ -559,18 +559,28 @@ class _PipelineEnumerator:
 
 
 _FORKED: dict = {}
-SEARCH_CHUNK = 24           # choices of a long window's search priced per worker task
 
 
-def _pipeline_search(ops: tuple[str, ...], part: tuple[int, int] | None = None) -> list:
-    """compare.pipeline_candidates on a window, as [(choice, estimate)]; `part` (lo, hi): only
-    those of its pipeline_bases (the same slice of the whole search's results)."""
+def _pipeline_search(ops: tuple[str, ...]) -> list:
+    """compare.pipeline_candidates on a window, as [(choice, estimate)]."""
     graph, spec, step = _FORKED["args"]
     region = Region.of(graph, ops)
-    bases = pipeline_bases(region)
-    if part is not None:
-        bases = bases[part[0]:part[1]]
-    return [(pc.choice, pc.estimate) for pc in priced_candidates(region, spec, bases, step)]
+    return [(pc.choice, pc.estimate)
+            for pc in priced_candidates(region, spec, pipeline_bases(region), step)]
+
+
+def _pipeline_search_part(ops: tuple[str, ...], tile_rows: int) -> list:
+    """The part of _pipeline_search(ops) at one tile size (its choices share most of their
+    stages' work), as [(index among the window's pipeline_bases, choice, estimate)]."""
+    graph, spec, step = _FORKED["args"]
+    region = Region.of(graph, ops)
+    index = {(b.stages, b.tile_rows, b.depths, b.modes): i
+             for i, b in enumerate(pipeline_bases(region)) if b.tile_rows == tile_rows}
+    part = [b for b in pipeline_bases(region) if b.tile_rows == tile_rows]
+    # (balanced() changes a choice's SMs only)
+    return [(index[(c.stages, c.tile_rows, c.depths, c.modes)], c, est)
+            for c, est in ((pc.choice, pc.estimate)
+                           for pc in priced_candidates(region, spec, part, step))]
 
 
 def jobs() -> int:
@@ -585,18 +595,23 @@ def jobs() -> int:
 class _PipelineSearches:
     """cost.compare.pipeline_candidates on some windows (op tuples), the costly part of the
     candidate search: independent pure computations. The `remote` ones (long windows) are cut
-    into parts of SEARCH_CHUNK choices that start at once in jobs() - 1 forked worker
-    processes, in the order this process will need them, while this process costs the other
-    windows; when it needs a remote window, it prices the parts no worker has started yet
-    itself (the last first), so that neither side waits for the other. The others (short
+    into parts, one per tile size (its choices share most of their stages' work), which
+    jobs() - 1 forked worker processes price one at a time, in the order this process will
+    need them, while this process costs the other windows; when it needs a remote window, it
+    prices the parts no worker has taken yet itself, so that neither side waits long for the
+    other (a worker is handed its next part only when it is done with one). The others (short
     windows: a few cuts, quick) and, without fork, all of them run here when first asked for.
-    Same results either way: a window's parts, in order, are its whole search."""
+    Same results either way: a window's parts, merged in its choices' order, are its search."""
 
     def __init__(self, graph: Graph, spec: HwSpec, step: int, tasks: dict, remote=None):
+        import threading
         self.args = (graph, spec, step)
         self.tasks = tasks              # key -> ops, in the order this process needs them
         self.done: dict = {}
-        self.parts: dict = {}           # key -> [((lo, hi), future)] of a remote window
+        self.parts: dict = {}           # key -> its parts' tile sizes, in order
+        self.pending: list = []         # (key, tile_rows) no worker has taken, in order
+        self.futures: dict = {}         # (key, tile_rows) -> future of a part a worker took
+        self.lock = threading.Lock()    # (workers' completions hand out parts from another thread)
         self.pool = None
         remote = [k for k in tasks if remote is None or k in remote]
         if jobs() > 1 and remote:
@@ -605,42 +620,58 @@ class _PipelineSearches:
                 from concurrent.futures import ProcessPoolExecutor
                 if not mp.current_process().daemon and "fork" in mp.get_all_start_methods():
                     _FORKED["args"] = self.args
+                    for key in remote:
+                        bases = pipeline_bases(Region.of(graph, tasks[key]))
+                        self.parts[key] = list(dict.fromkeys(b.tile_rows for b in bases))
+                        self.pending += [(key, t) for t in self.parts[key]]
                     self.pool = ProcessPoolExecutor(max_workers=jobs() - 1,
                                                     mp_context=mp.get_context("fork"))
-                    for key in remote:
-                        n = len(pipeline_bases(Region.of(graph, tasks[key])))
-                        self.parts[key] = [
-                            ((lo, min(n, lo + SEARCH_CHUNK)),
-                             self.pool.submit(_pipeline_search, tasks[key], (lo, min(n, lo + SEARCH_CHUNK))))
-                            for lo in range(0, n, SEARCH_CHUNK)]
+                    for _ in range(jobs() - 1):
+                        self._hand_out()
             except Exception:       # no fork here (sandbox, daemon worker...): run them here
                 self.close()
-                self.parts = {}
+                self.parts, self.pending, self.futures = {}, [], {}
+
+    def _hand_out(self, _done=None) -> None:
+        """Give a worker the next part no one has taken (called again as each one finishes)."""
+        with self.lock:
+            if self.pool is None or not self.pending:
+                return
+            key, t = self.pending.pop(0)
+            fut = self.futures[(key, t)] = self.pool.submit(_pipeline_search_part,
+                                                            self.tasks[key], t)
+        fut.add_done_callback(self._hand_out)
 
     def result(self, key) -> list:
         if key not in self.done:
             _FORKED["args"] = self.args
-            parts = self.parts.get(key)
-            if parts is None:
+            if key not in self.parts:
                 self.done[key] = _pipeline_search(self.tasks[key])
-            else:
-                here = {part: _pipeline_search(self.tasks[key], part)
-                        for part, fut in reversed(parts) if fut.cancel()}
-                out = []
-                for part, fut in parts:
-                    if part not in here:
-                        try:
-                            here[part] = fut.result()
-                        except Exception:
-                            here[part] = _pipeline_search(self.tasks[key], part)
-                    out += here[part]
-                self.done[key] = out
+                return self.done[key]
+            here = {}
+            while True:     # the window's last part no worker has taken, while there is one
+                with self.lock:
+                    mine = [i for i, (k, _) in enumerate(self.pending) if k == key]
+                    if not mine:
+                        break
+                    _, t = self.pending.pop(mine[-1])
+                here[t] = _pipeline_search_part(self.tasks[key], t)
+            merged = []
+            for t in self.parts[key]:
+                if t not in here:
+                    try:
+                        here[t] = self.futures[(key, t)].result()
+                    except Exception:
+                        here[t] = _pipeline_search_part(self.tasks[key], t)
+                merged += here[t]
+            self.done[key] = [(c, est) for _, c, est in sorted(merged, key=lambda x: x[0])]
         return self.done[key]
 
     def close(self):
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         _FORKED.clear()
 
 
