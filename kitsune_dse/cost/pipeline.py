@@ -410,7 +410,6 @@ def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWo
 
 
 def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
-    from kitsune_dse.cost.strategies import fusion_groups
     g = region.graph
     c = plan.choice
     N, slabs = plan.row_blocks, plan.slabs
@@ -421,10 +420,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     # a stage's groups hand each unit's intermediates to each other through L2: reserve that
     # working set before pinning weights in what is left beside the queues
     subs = [Region.of(g, st) for st in c.stages]
-    stage_atoms = []
-    for st, sub in zip(c.stages, subs):
-        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
-        stage_atoms.append(_dual_gemms(g, atoms) or [tuple(st)])
+    stage_atoms = [_stage_steps(g, spec, st, sub) for st, sub in zip(c.stages, subs)]
     # (a tensor made and used inside one fused group never leaves the SM)
     intra_ws = max((g.tensors[t].nbytes / units for st, atoms in zip(c.stages, stage_atoms)
                     for a in atoms for o in a for t in g.op(o).outputs
@@ -559,6 +555,19 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                        tuple(i if len(a) == 1 or not w else max(i, slabs)
                              for i, a, w in zip(inflight, stage_atoms, writers)),
                        tuple(splitk), tuple(writers), footprint, kept_w, rbs)
+
+
+def _stage_steps(g, spec: HwSpec, stage, sub: Region) -> list[tuple[str, ...]]:
+    """A stage's steps: its fused groups (views alone are no step) as the runtime fuses them
+    (_dual_gemms), memoised (every plan with the stage asks again; read only)."""
+    from kitsune_dse.cost.strategies import fusion_groups
+    memo = table(spec, "stage_steps")
+    key = (g, tuple(stage))
+    hit = memo.get(key)
+    if hit is None:
+        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
+        hit = memo[key] = _dual_gemms(g, atoms) or [tuple(stage)]
+    return hit
 
 
 def _intra_slots(g, atom, bm: int, rb_per_unit: int, rbs: int) -> tuple[int, int]:

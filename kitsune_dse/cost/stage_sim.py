@@ -142,6 +142,7 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
     rel = _per_row([sh.release_step if 0 <= sh.release_step < K else K - 1 for sh in shapes],
                    n_s, np.int64)
     same_look = bool((look == look[0]).all() and (rel == rel[0]).all())
+    back = -look * K * n + rel * n + row_ids
     step_sync = [j[2] or (sync_s,) * K for j in jobs]
     # of step k's n items in row-block rb, worker (rb * n + i) mod w takes items i, i + w, ...:
     # only the min(n, w) workers with an item are touched (a few of the stage's workers), and
@@ -155,7 +156,9 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
         i = np.arange(int(np.minimum(nk, W).max()))[:, None]
         has = i < cap
         off = ((np.arange(Rs)[:, None] * nk[None, :]) % wk[None, :])[:, None, :]
-        idx = base + np.where(has, (off + i) % wk, W)              # [Rs, items, n]
+        worker = off + i        # < 2 w (off < w, i < w): (off + i) mod w is one subtraction
+        worker -= wk * (worker >= wk)
+        idx = base + np.where(has, worker, W)                        # [Rs, items, n]
         # a padding entry ends at -inf: it never counts in the row-block's end (its scratch
         # slot is never read for a real item)
         m = (nk - 1 - i) // wk + 1                                   # items per worker
@@ -199,10 +202,9 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
                 ready = row[k - 1] + sync_k
             elif same_look:
                 ready = done[rb - look[0], rel[0]] + sync_s if rb >= look[0] else zero
-            else:
-                src = rb - look
-                got = done[np.maximum(src, 0), rel, row_ids] + sync_s
-                ready = np.where(src >= 0, got, 0.0)
+            else:       # each row reads done[rb - look, rel] of its own (flat: rb * K * n + back)
+                got = np.take(done_flat, rb * K * n + back, mode="wrap") + sync_s
+                ready = np.where(rb >= look, got, 0.0)
             before = after = None
             if slot is not None and rb >= slot[1]:
                 same, _, hi, at, mask, late, all_late, none_late = slot
