@@ -681,6 +681,22 @@ def servers_for(t, single_t, cap: int, units: int):
     return divs[k].reshape(t.shape).astype(np.int64)
 
 
+def _servers_at(t: float, single_t: float, cap: int, units: int) -> int:
+    """servers_for at one SM count in plain floats (the queue model asks once per stage of
+    every plan it prices): the same division, rounding (np.round(x, 9) is rint(x * 1e9) / 1e9,
+    and round() rounds half to even as rint does) and first nearest divisor."""
+    y = single_t / max(t, 1e-30) * 1e9
+    if not math.isfinite(y):
+        return int(servers_for(t, single_t, cap, units))
+    ratio = round(y) / 1e9
+    divs = _divisors(int(units), int(max(1, min(cap, units)))).tolist()
+    best, gap = divs[0], abs(ratio - divs[0])
+    for d in divs[1:]:
+        if abs(ratio - d) < gap:
+            best, gap = d, abs(ratio - d)
+    return int(best)
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def _divisors(units: int, most: int) -> np.ndarray:
     """The divisors of `units` up to `most`, ascending (read only: shared by every caller)."""
@@ -745,7 +761,7 @@ def stage_servers(totals: dict, sms, t, units: int, works, spec: HwSpec) -> np.n
     for j, cap in enumerate(totals["stage_inflight"]):
         lat = _unit_latency(works, totals, j, spec, sms[j], t[j])
         if lat is not None:
-            out[j] = int(servers_for(t[j], lat, cap, units))
+            out[j] = _servers_at(float(t[j]), float(lat), cap, units)
     return out
 
 

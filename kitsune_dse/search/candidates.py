@@ -575,13 +575,19 @@ def _pipeline_search_part(ops: tuple[str, ...], tile_rows: int) -> list:
     stages' work), as [(index among the window's pipeline_bases, choice, estimate)]."""
     graph, spec, step = _FORKED["args"]
     region = Region.of(graph, ops)
-    index = {(b.stages, b.tile_rows, b.depths, b.modes): i
-             for i, b in enumerate(pipeline_bases(region)) if b.tile_rows == tile_rows}
-    part = [b for b in pipeline_bases(region) if b.tile_rows == tile_rows]
-    # (balanced() changes a choice's SMs only)
-    return [(index[(c.stages, c.tile_rows, c.depths, c.modes)], c, est)
-            for c, est in ((pc.choice, pc.estimate)
-                           for pc in priced_candidates(region, spec, part, step))]
+    bases = pipeline_bases(region)
+    part = [i for i, b in enumerate(bases) if b.tile_rows == tile_rows]
+    # a priced choice is its base with other SMs (balanced() changes nothing else); the same
+    # base may come twice (a one-stage cut's tile at the stream's rows): in order, then
+    where: dict = {}
+    for i in part:
+        b = bases[i]
+        where.setdefault((b.stages, b.tile_rows, b.depths, b.modes), []).append(i)
+    out = []
+    for pc in priced_candidates(region, spec, [bases[i] for i in part], step):
+        c = pc.choice
+        out.append((where[(c.stages, c.tile_rows, c.depths, c.modes)].pop(0), c, pc.estimate))
+    return out
 
 
 def jobs() -> int:
