@@ -570,6 +570,16 @@ def _stage_steps(g, spec: HwSpec, stage, sub: Region) -> list[tuple[str, ...]]:
     return hit
 
 
+@functools.lru_cache(maxsize=1 << 12)
+def _region_bytes(region: Region) -> tuple[float, float, float]:
+    """A region's compulsory (read, write) bytes and the weight bytes its ops read, memoised
+    (every plan of the window asks)."""
+    g = region.graph
+    reads, writes = region.compulsory_bytes()
+    return reads, writes, sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items()
+                              if t in g.weights)
+
+
 def _intra_slots(g, atom, bm: int, rb_per_unit: int, rbs: int) -> tuple[int, int]:
     """(slots, slot bytes) of the ring a stage's step writes for the next step of the same
     stage (validate/lower.py: room for the plan tile's row-blocks, at least two, capped)."""
@@ -597,8 +607,7 @@ def _l2_footprint(region: Region, plan: StagePlan, stage_atoms, resident, reside
             cycle = max(cycle, n)
     for d in c.depths:
         cycle = max(cycle, min(rbs, d * rb_per_unit))
-    reads, writes = region.compulsory_bytes()
-    weights = sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items() if t in g.weights)
+    reads, writes, weights = _region_bytes(region)
     streamed = sum(w for w, r in zip(plan.stage_weights, resident) if not r) if rbs > 1 else 0.0
     stream = max(0.0, reads - weights) + writes + streamed * rbs
     return queue_bytes + intra + resident_w + ring_cycle_stream_bytes(stream, rbs, cycle)
@@ -620,8 +629,10 @@ def _row_items(bm: int, cols: int) -> int:
     return bm
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _atom_items(g, atom, bm: int, rbs: int) -> int:
-    """The runtime's items per row-block of one fused group (validate/lower.py)."""
+    """The runtime's items per row-block of one fused group (validate/lower.py); memoised
+    (graphs hash by identity: an entry keeps its graph, so no other takes its place)."""
     infos = [g.op(o).info for o in atom]
     out = g.tensors[g.op(atom[-1]).outputs[0]]
     cols = out.shape[-1] if out.shape else 1

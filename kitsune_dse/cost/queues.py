@@ -218,14 +218,22 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
     m = min([int(x) for x in c if x > 1] + [int(bj - gj + 1) for bj, gj in zip(b, g)] + [N])
     if m >= 4:
         return _chunked(t, b, sync_s, arrive0, servers=c, blockers=blockers, m=m)
-    # plain floats: NumPy's per-element access would cost more than the arithmetic. Per
-    # stage: its row, servers, service times, blockers and the row of the stage it blocks on
-    # (the same comparisons and sums in the same order as the recurrence, fewer lookups)
+    return _unit_by_unit(t, c, b, blockers, sync_s, arrive0)
+
+
+def _unit_by_unit(t, c, b, blockers, sync_s: float, arrive0) -> np.ndarray:
+    """_general's exact evaluation in plain floats (NumPy's per-element access would cost more
+    than the arithmetic), unit by unit, stage by stage: the same comparisons and sums in the
+    same order as the recurrence. Once every stage has a unit on each server behind it and
+    every queue a slot to wait on (unit n >= every c_j and b_j), no test is needed for either."""
+    J, N = t.shape
     tl, a0 = t.tolist(), arrive0.tolist()
     rows = [[0.0] * N for _ in range(J)]
+    # per stage: its row, servers, service times, blockers and the row of the stage it blocks on
     stages = [(rows[j], int(c[j]), tl[j], blockers[j].tolist() if j < J - 1 else None,
                rows[j + 1] if j < J - 1 else None) for j in range(J)]
-    for n in range(N):
+    steady = min(N, max([int(x) for x in c] + [int(x) for x in b[:J - 1]]))
+    for n in range(steady):
         start = a0[n]
         for Dj, cj, tj, bj, down in stages:
             if n >= cj and Dj[n - cj] > start:
@@ -239,6 +247,23 @@ def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
                         d = blk
             Dj[n] = d
             start = d + sync_s      # the next stage's arrival
+    inner, (last, cl, tlast, _, _) = stages[:-1], stages[-1]
+    for n in range(steady, N):
+        start = a0[n]
+        for Dj, cj, tj, bj, down in inner:
+            prev = Dj[n - cj]
+            if prev > start:
+                start = prev
+            d = start + tj[n]
+            blk = down[bj[n]] + sync_s
+            if blk > d:
+                d = blk
+            Dj[n] = d
+            start = d + sync_s
+        prev = last[n - cl]
+        if prev > start:
+            start = prev
+        last[n] = start + tlast[n]
     return np.array(rows, dtype=float)
 
 

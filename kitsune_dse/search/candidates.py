@@ -656,12 +656,12 @@ class _PipelineSearches:
                 self.done[key] = _pipeline_search(self.tasks[key])
                 return self.done[key]
             here = {}
-            while True:     # the window's last part no worker has taken, while there is one
+            while True:     # the window's next part no worker has taken, while there is one
                 with self.lock:
                     mine = [i for i, (k, _) in enumerate(self.pending) if k == key]
                     if not mine:
                         break
-                    _, t = self.pending.pop(mine[-1])
+                    _, t = self.pending.pop(mine[0])
                 here[t] = _pipeline_search_part(self.tasks[key], t)
             merged = []
             for t in self.parts[key]:
