@@ -768,7 +768,9 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
                 remote.add(key)
     # no cyclic garbage collection while building (nor in the workers forked here): the build
     # makes hundreds of thousands of short-lived objects, nearly all freed by their reference
-    # counts, and the collector's passes over them were ~5% of its time (peak memory the same)
+    # counts, and the collector's passes over them were ~5% of its time (peak memory the same;
+    # the first collection after it scans what it kept: chain-5000's build 1.8 s faster, the
+    # solve after it 0.5 s slower)
     collecting = gc.isenabled()
     gc.disable()
     try:
