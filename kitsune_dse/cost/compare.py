@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_tables
+from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
+                                      prefetch_stage_schedules, stage_tables)
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.cost.strategies import (LaunchChoice, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
@@ -64,10 +65,9 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
     """Give each stage the SMs that minimise the slowest stage's time per tile."""
     J = len(choice.stages)
     total = spec.sm_count if total is None else total
-    if J * step > total:
+    probe = _probe(spec, choice, step, total)
+    if probe is None:
         return None
-    probe = PipelineChoice(choice.stages, (max(1, total // J),) * J, choice.tile_rows,
-                           choice.depths, choice.modes)
     plan = plan_stages(region, spec, probe)
     tab, srv, _ = stage_tables(region, spec, plan)
     if J == 1:
@@ -106,33 +106,49 @@ def _tune_split(rows: list[list[float]], split, total: int, step: int, units: in
     w = units - 1
     lats = rows if lats is None else lats
 
-    def cost(idx):
-        ts = [rows[k][s] for k, s in enumerate(idx)]
-        ls = [lats[k][s] for k, s in enumerate(idx)]
-        acc = 0
-        for x in ls:        # one by one in order, as sum() adds NumPy values (never compensated)
-            acc = acc + x
-        return acc - min(a - b for a, b in zip(ls, ts)) + w * max(ts)
+    def cost(ts, ls):
+        # as sum(ls) - min(l - t) + w * max(ts), one by one in order (sum() adds NumPy values
+        # never compensated; min and max keep the first of equals)
+        acc = 0 + ls[0]
+        low = ls[0] - ts[0]
+        top = ts[0]
+        for k in range(1, J):
+            acc = acc + ls[k]
+            d = ls[k] - ts[k]
+            if d < low:
+                low = d
+            if ts[k] > top:
+                top = ts[k]
+        return acc - low + w * top
 
     split = list(split)
-    best = cost(split)
+    best = cost([rows[k][s] for k, s in enumerate(split)], [lats[k][s] for k, s in enumerate(split)])
     for _ in range(4 * total // step + 8):
         bar = best * (1 - 1e-12)
         trial = None
-        if sum(split) + step <= total:
+        # each stage's time and latency now, one step more and one step less (a move changes
+        # one or two stages)
+        now_t = [rows[k][s] for k, s in enumerate(split)]
+        now_l = [lats[k][s] for k, s in enumerate(split)]
+        grow = sum(split) + step <= total
+        up = [(rows[k][s + step], lats[k][s + step]) if s + step < len(rows[k]) else None
+              for k, s in enumerate(split)]
+        down = [(rows[k][s - step], lats[k][s - step]) if s - step >= step else None
+                for k, s in enumerate(split)]
+        if grow:
             for j in range(J):
-                idx = split.copy()
-                idx[j] += step
-                c = cost(idx)
+                ts, ls = now_t.copy(), now_l.copy()
+                ts[j], ls[j] = up[j]
+                c = cost(ts, ls)
                 if c < bar and (trial is None or c < trial[0]):
                     trial = (c, j, None)
         for j in range(J):
             for i in range(J):
-                if i != j and split[i] - step >= step:
-                    idx = split.copy()
-                    idx[j] += step
-                    idx[i] -= step
-                    c = cost(idx)
+                if i != j and down[i] is not None:
+                    ts, ls = now_t.copy(), now_l.copy()
+                    ts[j], ls[j] = up[j]
+                    ts[i], ls[i] = down[i]
+                    c = cost(ts, ls)
                     if c < bar and (trial is None or c < trial[0]):
                         trial = (c, j, i)
         if trial is None:
@@ -165,11 +181,16 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
                         depths=(2,)):
     """Every stage split of a streamable region (cuts between fused groups), each with balanced
     SMs, for each tile size, queue mode and depth; infeasible ones are skipped."""
+    return priced_candidates(region, spec, pipeline_bases(region, max_stages, depths), step)
+
+
+def pipeline_bases(region: Region, max_stages: int = MAX_STAGES, depths=(2,)) -> list:
+    """The choices pipeline_candidates balances and prices, in its order (SMs still 1 each)."""
     g = region.graph
     atoms = [a for a in fusion_groups(region)]
     rows_first = g.tensors[g.op(region.ops[0]).outputs[0]].rows
     tile_opts = sorted({min(t, max(1, rows_first)) for t in TILE_ROWS})
-    out = []
+    bases = []
     for k in range(1, min(max_stages, len(atoms)) + 1):
         for comp in _compositions(len(atoms), k):
             stages = tuple(tuple(o for a in atoms[lo:hi] for o in a) for lo, hi in comp)
@@ -181,16 +202,48 @@ def pipeline_candidates(region: Region, spec: HwSpec, step: int = 1, max_stages:
             for tile_rows in tiles:
                 for modes in mode_sets:
                     for depth in (depths if k > 1 else (1,)):
-                        base = PipelineChoice(stages, (1,) * k, tile_rows, (depth,) * (k - 1), modes)
-                        try:
-                            r = balanced(region, spec, base, step)
-                            if r is None:
-                                continue
-                            ch, est = r
-                        except InfeasibleError:
-                            continue
-                        out.append(PipelineCandidate(region, ch, est))
+                        bases.append(PipelineChoice(stages, (1,) * k, tile_rows,
+                                                    (depth,) * (k - 1), modes))
+    return bases
+
+
+def priced_candidates(region: Region, spec: HwSpec, bases, step: int = 1) -> list:
+    """balanced() of each of these choices, in order; infeasible ones are skipped (a slice of
+    pipeline_bases gives the same slice of pipeline_candidates)."""
+    prefetch_stage_schedules(spec, [(region, p) for p in _probe_plans(region, spec, bases, step)])
+    out = []
+    for base in bases:
+        try:
+            r = balanced(region, spec, base, step)
+            if r is None:
+                continue
+            ch, est = r
+        except InfeasibleError:
+            continue
+        out.append(PipelineCandidate(region, ch, est))
     return out
+
+
+def _probe_plans(region: Region, spec: HwSpec, bases, step: int = 1) -> list:
+    """The plans balanced() probes for these choices (those it gets to: feasible ones)."""
+    plans = []
+    for choice in bases:
+        probe = _probe(spec, choice, step, spec.sm_count)
+        if probe is not None:
+            try:
+                plans.append(plan_stages(region, spec, probe))
+            except InfeasibleError:
+                pass
+    return plans
+
+
+def _probe(spec: HwSpec, choice: PipelineChoice, step: int, total: int) -> PipelineChoice | None:
+    """balanced()'s probe: the choice on an even split of `total` SMs (None: too few SMs)."""
+    J = len(choice.stages)
+    if J * step > total:
+        return None
+    return PipelineChoice(choice.stages, (max(1, total // J),) * J, choice.tile_rows,
+                          choice.depths, choice.modes)
 
 
 def best_pipeline(region: Region, spec: HwSpec, step: int = 1) -> PipelineCandidate | None:

@@ -29,7 +29,8 @@ from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
-from kitsune_dse.cost.stage_sim import TEAMS_PER_SM, StageShape, stage_unit_latency, stage_unit_time
+from kitsune_dse.cost.stage_sim import (TEAMS_PER_SM, StageShape, prefetch_schedules,
+                                         stage_unit_latency, stage_unit_time)
 from kitsune_dse.errors import InfeasibleError
 from kitsune_dse.graph.ir import DTYPE_BYTES, DepPattern, OpClass
 from kitsune_dse.hw.spec import HwSpec
@@ -229,35 +230,53 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
     workers interleave the items of every row-block its rings admit). A GEMM fed slab by slab
     through a split_k queue keeps every output tile of its row-block busy on each slab."""
-    g = region.graph
-    infos = [g.op(o).info for o in atom]
+    name, flops, simt_total, dtype, gemm, moved, row_op, concat = _atom_facts(region.graph, spec, atom)
     k = max(1, int(inflight))
-    tensor = sum(i.flops for i in infos if i.unit == "tensor") / units * k
-    simt = simt_flops(infos, spec) / units * k
-    dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
-    gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
-    name = "+".join(atom)
+    tensor = flops / units * k
+    simt = simt_total / units * k
     rr = {} if not reread else {**reread, "weight_pass_bytes": reread["weight_pass_bytes"] / units * k}
-    if gemms:
-        o, gi = max(gemms, key=lambda x: x[1].flops)
-        dtype = g.tensors[g.op(o).inputs[0]].dtype
-        gd = gi.gemm
+    if gemm is not None:
+        dtype, gd, dual, epilogue_inputs = gemm
         tile = pipe_tile(tile_rows)
         per = row_blocks if k_streamed else units
-        # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
-        dual = sum(1 for _, i in gemms if i.gemm == gd)
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
-                          gemm_n=gd.n, epilogue_inputs=_epilogue_inputs(g, atom, gd), **rr)
+                          gemm_n=gd.n, epilogue_inputs=epilogue_inputs, **rr)
+    return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
+                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
+                      row_op=row_op, concat=concat, **rr)
+
+
+def _atom_facts(g, spec: HwSpec, atom):
+    """What _atom_work takes from a fused group's ops alone, memoised (every plan with the
+    group in a stage asks again): its name, tensor FLOPs, SIMT FLOPs, dtype, the GEMM it is
+    timed as (input dtype, GemmInfo, products sharing it, epilogue inputs) or None, the bytes
+    its ops move, whether it reduces rows and whether it concatenates."""
+    memo = table(spec, "atom_facts")
+    key = (g, atom)
+    hit = memo.get(key)
+    if hit is not None:
+        return hit
+    infos = [g.op(o).info for o in atom]
+    flops = sum(i.flops for i in infos if i.unit == "tensor")
+    dtype = g.tensors[g.op(atom[0]).outputs[0]].dtype
+    gemms = [(o, i) for o, i in zip(atom, infos) if i.gemm is not None]
+    gemm = None
+    if gemms:
+        o, gi = max(gemms, key=lambda x: x[1].flops)
+        gd = gi.gemm
+        # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
+        gemm = (g.tensors[g.op(o).inputs[0]].dtype, gd, sum(1 for _, i in gemms if i.gemm == gd),
+                _epilogue_inputs(g, atom, gd))
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     # (narrow rows stream as fast per byte as wide ones: softmax of 1024 and of 4096 columns
     # within 2% at 68 SMs once the runtime stopped visiting others' row-blocks, harness v4)
-    rows_ops = [o for o, i in zip(atom, infos) if i.op_class is OpClass.ROW_REDUCTION]
-    return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
-                      max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
-                      row_op=bool(rows_ops),
-                      concat=any(g.op(o).kind == "concat" for o in atom), **rr)
+    row_op = any(i.op_class is OpClass.ROW_REDUCTION for i in infos)
+    concat = any(g.op(o).kind == "concat" for o in atom)
+    hit = memo[key] = ("+".join(atom), flops, simt_flops(infos, spec), dtype, gemm, moved,
+                       row_op, concat)
+    return hit
 
 
 def _epilogue_inputs(g, atom, gd) -> int:
@@ -391,7 +410,6 @@ def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWo
 
 
 def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
-    from kitsune_dse.cost.strategies import fusion_groups
     g = region.graph
     c = plan.choice
     N, slabs = plan.row_blocks, plan.slabs
@@ -402,10 +420,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     # a stage's groups hand each unit's intermediates to each other through L2: reserve that
     # working set before pinning weights in what is left beside the queues
     subs = [Region.of(g, st) for st in c.stages]
-    stage_atoms = []
-    for st, sub in zip(c.stages, subs):
-        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
-        stage_atoms.append(_dual_gemms(g, atoms) or [tuple(st)])
+    stage_atoms = [_stage_steps(g, spec, st, sub) for st, sub in zip(c.stages, subs)]
     # (a tensor made and used inside one fused group never leaves the SM)
     intra_ws = max((g.tensors[t].nbytes / units for st, atoms in zip(c.stages, stage_atoms)
                     for a in atoms for o in a for t in g.op(o).outputs
@@ -542,6 +557,29 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                        tuple(splitk), tuple(writers), footprint, kept_w, rbs)
 
 
+def _stage_steps(g, spec: HwSpec, stage, sub: Region) -> list[tuple[str, ...]]:
+    """A stage's steps: its fused groups (views alone are no step) as the runtime fuses them
+    (_dual_gemms), memoised (every plan with the stage asks again; read only)."""
+    from kitsune_dse.cost.strategies import fusion_groups
+    memo = table(spec, "stage_steps")
+    key = (g, tuple(stage))
+    hit = memo.get(key)
+    if hit is None:
+        atoms = [a for a in fusion_groups(sub) if not all(g.op(o).info.is_view for o in a)]
+        hit = memo[key] = _dual_gemms(g, atoms) or [tuple(stage)]
+    return hit
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _region_bytes(region: Region) -> tuple[float, float, float]:
+    """A region's compulsory (read, write) bytes and the weight bytes its ops read, memoised
+    (every plan of the window asks)."""
+    g = region.graph
+    reads, writes = region.compulsory_bytes()
+    return reads, writes, sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items()
+                              if t in g.weights)
+
+
 def _intra_slots(g, atom, bm: int, rb_per_unit: int, rbs: int) -> tuple[int, int]:
     """(slots, slot bytes) of the ring a stage's step writes for the next step of the same
     stage (validate/lower.py: room for the plan tile's row-blocks, at least two, capped)."""
@@ -569,8 +607,7 @@ def _l2_footprint(region: Region, plan: StagePlan, stage_atoms, resident, reside
             cycle = max(cycle, n)
     for d in c.depths:
         cycle = max(cycle, min(rbs, d * rb_per_unit))
-    reads, writes = region.compulsory_bytes()
-    weights = sum(b for o in region.ops for t, b in g.op(o).info.read_bytes.items() if t in g.weights)
+    reads, writes, weights = _region_bytes(region)
     streamed = sum(w for w, r in zip(plan.stage_weights, resident) if not r) if rbs > 1 else 0.0
     stream = max(0.0, reads - weights) + writes + streamed * rbs
     return queue_bytes + intra + resident_w + ring_cycle_stream_bytes(stream, rbs, cycle)
@@ -592,8 +629,10 @@ def _row_items(bm: int, cols: int) -> int:
     return bm
 
 
+@functools.lru_cache(maxsize=1 << 14)
 def _atom_items(g, atom, bm: int, rbs: int) -> int:
-    """The runtime's items per row-block of one fused group (validate/lower.py)."""
+    """The runtime's items per row-block of one fused group (validate/lower.py); memoised
+    (graphs hash by identity: an entry keeps its graph, so no other takes its place)."""
     infos = [g.op(o).info for o in atom]
     out = g.tensors[g.op(atom[-1]).outputs[0]]
     cols = out.shape[-1] if out.shape else 1
@@ -648,9 +687,33 @@ def servers_for(t, single_t, cap: int, units: int):
     # last bits of t, or one SM more on the chip could double a stage's servers; ties go to
     # the fewer servers)
     ratio = np.round(ratio, 9)
-    divs = np.array([d for d in range(1, max(1, min(cap, units)) + 1) if units % d == 0], dtype=float)
+    divs = _divisors(int(units), int(max(1, min(cap, units))))
     k = np.argmin(np.abs(ratio.reshape(-1, 1) - divs.reshape(1, -1)), axis=1)
     return divs[k].reshape(t.shape).astype(np.int64)
+
+
+def _servers_at(t: float, single_t: float, cap: int, units: int) -> int:
+    """servers_for at one SM count in plain floats (the queue model asks once per stage of
+    every plan it prices): the same division, rounding (np.round(x, 9) is rint(x * 1e9) / 1e9,
+    and round() rounds half to even as rint does) and first nearest divisor."""
+    y = single_t / max(t, 1e-30) * 1e9
+    if not math.isfinite(y):
+        return int(servers_for(t, single_t, cap, units))
+    ratio = round(y) / 1e9
+    divs = _divisors(int(units), int(max(1, min(cap, units)))).tolist()
+    best, gap = divs[0], abs(ratio - divs[0])
+    for d in divs[1:]:
+        if abs(ratio - d) < gap:
+            best, gap = d, abs(ratio - d)
+    return int(best)
+
+
+@functools.lru_cache(maxsize=1 << 12)
+def _divisors(units: int, most: int) -> np.ndarray:
+    """The divisors of `units` up to `most`, ascending (read only: shared by every caller)."""
+    divs = np.array([d for d in range(1, most + 1) if units % d == 0], dtype=float)
+    divs.flags.writeable = False
+    return divs
 
 
 def _stage_ratio(totals: dict, j: int, sms):
@@ -709,7 +772,7 @@ def stage_servers(totals: dict, sms, t, units: int, works, spec: HwSpec) -> np.n
     for j, cap in enumerate(totals["stage_inflight"]):
         lat = _unit_latency(works, totals, j, spec, sms[j], t[j])
         if lat is not None:
-            out[j] = int(servers_for(t[j], lat, cap, units))
+            out[j] = _servers_at(float(t[j]), float(lat), cap, units)
     return out
 
 
@@ -863,12 +926,27 @@ def _works_at_plan_load(region: Region, spec: HwSpec, plan: StagePlan):
     return (_with_load(works, load) if load >= 0 else works), totals
 
 
+def prefetch_stage_schedules(spec: HwSpec, plans) -> None:
+    """Replay the worker schedules of the several-step stages of these (region, plan) pairs
+    side by side (stage_sim.prefetch_schedules), as stage_tables and pipeline() will ask for
+    them (stage works at the plan's own chip load): the search prices hundreds of plans of one
+    window, and their replays together cost a fraction of one by one. Changes no number."""
+    stages = []
+    for region, plan in plans:
+        try:
+            works, totals = _works_at_plan_load(region, spec, plan)
+        except InfeasibleError:     # its pricing will say so
+            continue
+        stages += [(w, sh) for w, sh in zip(works, totals["stage_shapes"]) if sh is not None]
+    prefetch_schedules(stages, spec)
+
+
 def _load_matters(works, spec: HwSpec) -> bool:
     """Some step's cost depends on the chip's load: a GEMM tile's fixed cost (when the spec
     tells a quiet chip's apart) or a row op's stream (when the spec slows it with the load)."""
     gemm = spec.gemm_tile_fixed_idle_s is not None
     row = spec.persistent_row_load_slowdown > 0
-    return any(w.persistent and ((gemm and w.tile_shape) or (row and w.row_op)) for stage in works for w in stage)
+    return (gemm or row) and any(w.persistent and ((gemm and w.tile_shape) or (row and w.row_op)) for stage in works for w in stage)
 
 
 def _with_load(works, load: float):
@@ -895,6 +973,17 @@ def _stream_floor(works, spec: HwSpec, used: int, units: int) -> float:
     streams at 2.2 TB/s on 66 or 132 SMs), and so does a step its tiles' operand loads from L2
     bound (roofline._operand_feed_s); every step at least its bytes at the chip's streaming
     bandwidth."""
+    if np.ndim(used) == 0:      # memoised: plans of the same stages at other SM splits ask again
+        memo = table(spec, "stream_floor")
+        key = (tuple(tuple(stage) for stage in works), used, units)
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _stream_floor_of(works, spec, used, units)
+        return hit
+    return _stream_floor_of(works, spec, used, units)
+
+
+def _stream_floor_of(works, spec: HwSpec, used, units: int):
     floor = 0.0 if np.ndim(used) == 0 else np.zeros(len(used))
     bw = spec.hbm_bandwidth_from(used if np.ndim(used) == 0 else np.asarray(used, dtype=float))
     for stage in works:

@@ -131,11 +131,23 @@ def _servers_pass(t, arrive, block, c: int) -> np.ndarray:
     N = t.size
     if c <= 1:
         return _stage_pass(t, arrive, block)
-    D = np.empty(N)
     if c * c <= N:
-        for r in range(c):
-            D[r::c] = _stage_pass(t[r::c], arrive[r::c], block[r::c])
-        return D
+        # the c chains side by side: unit n is row n // c, column n % c of a [rows, c] array
+        # whose columns are the chains; cumsum and the running maximum along axis 0 add and
+        # compare each column in the same order as a pass over that chain alone (bit for bit
+        # the per-chain result), in one call instead of c. Padding units at the end (t = 0,
+        # arrive = block = -inf) come after every real unit of their column: they change none
+        rows = -(-N // c)
+        pad = rows * c - N
+        if pad:
+            t = np.concatenate((t, np.zeros(pad)))
+            arrive = np.concatenate((arrive, np.full(pad, -np.inf)))
+            block = np.concatenate((block, np.full(pad, -np.inf)))
+        tt = t.reshape(rows, c)
+        acc = np.cumsum(tt, axis=0)
+        e = np.maximum(arrive.reshape(rows, c) + tt, block.reshape(rows, c))
+        return (acc + np.maximum.accumulate(e - acc, axis=0)).reshape(-1)[:N]
+    D = np.empty(N)
     prev = np.full(c, -np.inf)
     for k in range(0, N, c):
         m = min(c, N - k)
@@ -145,48 +157,113 @@ def _servers_pass(t, arrive, block, c: int) -> np.ndarray:
     return D
 
 
+class _StagePass:
+    """_servers_pass of one stage with its blocking term, for the sweeps of _general: what no
+    sweep changes (the service times' running sums, by server chain; where each unit's slot
+    is freed) is set up once, the same operations in the same order each sweep."""
+
+    def __init__(self, t, c: int, b: int, blocker):
+        N = t.size
+        self.t, self.c, self.N, self.b = t, c, N, b
+        self.src = None if blocker is None else blocker[b:]    # (None: unit u - b frees it)
+        self.rows = -(-N // c) if 1 < c and c * c <= N else 0
+        size = self.rows * c if self.rows else N
+        # blocking times; units < b wait for no slot (-inf), as do the chains' padding units
+        self.block = np.full(size, -np.inf)
+        if c <= 1:
+            self.acc = np.cumsum(t)
+        elif self.rows:
+            tt = np.zeros(size)
+            tt[:N] = t
+            self.tt = tt.reshape(self.rows, c)
+            self.acc = np.cumsum(self.tt, axis=0)
+            self.arrive = np.full(size, -np.inf)
+
+    def run(self, arrive, down, sync_s: float) -> np.ndarray:
+        """The stage's departures for these arrivals and the departures of the stage it
+        blocks on (down; None for the last stage)."""
+        N, b = self.N, self.b
+        if down is not None and b < N:
+            if self.src is None:
+                np.add(down[:N - b], sync_s, out=self.block[b:N])
+            else:
+                np.add(down[self.src], sync_s, out=self.block[b:N])
+        if self.c <= 1:
+            e = np.maximum(arrive + self.t, self.block)
+            return self.acc + np.maximum.accumulate(e - self.acc)
+        if self.rows:
+            self.arrive[:N] = arrive
+            shape = (self.rows, self.c)
+            e = np.maximum(self.arrive.reshape(shape) + self.tt, self.block.reshape(shape))
+            return (self.acc + np.maximum.accumulate(e - self.acc, axis=0)).reshape(-1)[:N]
+        return _servers_pass(self.t, arrive, self.block, self.c)
+
+
 def _general(t, b, c, g, sync_s: float, arrive0, max_sweeps: int) -> np.ndarray:
     """Departures with multi-server stages and grouped releases: Gauss-Seidel sweeps of
     closed-form passes over each stage's interleaved chains; if they have not settled, the
     exact unit-by-unit evaluation (every term refers to an earlier unit or an earlier stage)."""
     J, N = t.shape
     blockers = [_blocker(N, int(b[j]), int(g[j])) for j in range(J - 1)]
+    passes = [_StagePass(t[j], int(c[j]), int(b[j]) if j < J - 1 else N,
+                         blockers[j] if j < J - 1 and g[j] > 1 else None) for j in range(J)]
     D = np.full((J, N), -np.inf)
     for _ in range(max(1, max_sweeps)):
         old = D.copy()
-        for j in range(J):
-            arr = arrive0 if j == 0 else D[j - 1] + sync_s
-            blk = np.full(N, -np.inf)
-            if j < J - 1:
-                k = blockers[j]
-                blk[k >= 0] = D[j + 1][k[k >= 0]] + sync_s
-            D[j] = _servers_pass(t[j], arr, blk, int(c[j]))
+        for j, stage in enumerate(passes):
+            D[j] = stage.run(arrive0 if j == 0 else D[j - 1] + sync_s,
+                             D[j + 1] if j < J - 1 else None, sync_s)
         if np.array_equal(old, D):
             return D
     m = min([int(x) for x in c if x > 1] + [int(bj - gj + 1) for bj, gj in zip(b, g)] + [N])
     if m >= 4:
         return _chunked(t, b, sync_s, arrive0, servers=c, blockers=blockers, m=m)
-    # plain floats: NumPy's per-element access would cost more than the arithmetic
+    return _unit_by_unit(t, c, b, blockers, sync_s, arrive0)
+
+
+def _unit_by_unit(t, c, b, blockers, sync_s: float, arrive0) -> np.ndarray:
+    """_general's exact evaluation in plain floats (NumPy's per-element access would cost more
+    than the arithmetic), unit by unit, stage by stage: the same comparisons and sums in the
+    same order as the recurrence. Once every stage has a unit on each server behind it and
+    every queue a slot to wait on (unit n >= every c_j and b_j), no test is needed for either."""
+    J, N = t.shape
     tl, a0 = t.tolist(), arrive0.tolist()
-    bl = [k.tolist() for k in blockers] + [None]
-    cl = [int(x) for x in c]
     rows = [[0.0] * N for _ in range(J)]
-    for n in range(N):
-        up = None
-        for j in range(J):
-            Dj = rows[j]
-            start = a0[n] if up is None else up[n] + sync_s
-            cj = cl[j]
+    # per stage: its row, servers, service times, blockers and the row of the stage it blocks on
+    stages = [(rows[j], int(c[j]), tl[j], blockers[j].tolist() if j < J - 1 else None,
+               rows[j + 1] if j < J - 1 else None) for j in range(J)]
+    steady = min(N, max([int(x) for x in c] + [int(x) for x in b[:J - 1]]))
+    for n in range(steady):
+        start = a0[n]
+        for Dj, cj, tj, bj, down in stages:
             if n >= cj and Dj[n - cj] > start:
                 start = Dj[n - cj]
-            d = start + tl[j][n]
-            bj = bl[j]
-            if bj is not None and bj[n] >= 0:
-                blk = rows[j + 1][bj[n]] + sync_s
-                if blk > d:
-                    d = blk
+            d = start + tj[n]
+            if bj is not None:
+                k = bj[n]
+                if k >= 0:
+                    blk = down[k] + sync_s
+                    if blk > d:
+                        d = blk
             Dj[n] = d
-            up = Dj
+            start = d + sync_s      # the next stage's arrival
+    inner, (last, cl, tlast, _, _) = stages[:-1], stages[-1]
+    for n in range(steady, N):
+        start = a0[n]
+        for Dj, cj, tj, bj, down in inner:
+            prev = Dj[n - cj]
+            if prev > start:
+                start = prev
+            d = start + tj[n]
+            blk = down[bj[n]] + sync_s
+            if blk > d:
+                d = blk
+            Dj[n] = d
+            start = d + sync_s
+        prev = last[n - cl]
+        if prev > start:
+            start = prev
+        last[n] = start + tlast[n]
     return np.array(rows, dtype=float)
 
 

@@ -107,7 +107,13 @@ def kernel_time(work: KernelWork, spec: HwSpec, sms, *, parts: bool = False):
     """Latency of `work` on `sms` SMs (scalar or array). With parts=True also returns the
     compute, DRAM and L2 terms, the wave count and the ramp."""
     if np.ndim(sms) == 0 and not parts:
-        return _kernel_time_scalar(work, spec, float(sms))
+        # memoised too: the search times the same step at the same SMs for many plans
+        memo = table(spec, "kernel_time_scalar")
+        key = (work, float(sms))
+        hit = memo.get(key)
+        if hit is None:
+            hit = memo[key] = _kernel_time_scalar(work, spec, float(sms))
+        return hit
     if not parts:
         # memoised over arrays of SM counts: the search prices the same kernel for many
         # windows, cuts and stages (a hit is a copy of the first result)

@@ -19,7 +19,9 @@ rotation takes tens of row-blocks to settle: from 16 row-blocks the extrapolatio
 one-stage plan 4.7-6.2 ms (by SM count) where the whole replay gives 2.9-3.3 and the GPU's
 trace 3.1 (it matches the trace row-block by row-block); from 128 it stays within 10%.
 `stage_unit_time` times one hand-off unit through any stage (one step: its roofline; several:
-that schedule) for the pipeline estimate and the search's stage tables.
+that schedule) for the pipeline estimate and the search's stage tables. The search replays the
+stages of many plans at once (`prefetch_schedules`, `makespans`): side by side in one set of
+arrays, each the same doubles as alone, at a fraction of the cost of one by one.
 """
 from __future__ import annotations
 
@@ -63,15 +65,41 @@ def makespan(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: fl
     SM's other team is idle (default: the same time). The search asks for the same stage
     under many cuts: results are memoised. step_sync_s: per step, the wait from the step
     before it finishing a row-block to its own items starting on it (default sync_s)."""
+    return makespans([(shape, tau, step_sync_s)], workers, sync_s)[0]
+
+
+def makespans(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray]:
+    """makespan of each (shape, tau, step_sync_s) job on the same workers: the jobs not
+    memoised yet are replayed side by side (_simulate_batch), those of the same simulated
+    row-blocks and items per step in one replay. Each job's result is the double its own
+    replay gives."""
     workers = np.asarray(workers, dtype=np.int64).reshape(-1)
-    tau = np.asarray(tau, dtype=float).reshape(-1, workers.size)
-    key = (shape, tau.tobytes(), workers.tobytes(), float(sync_s), step_sync_s)
-    hit = _CACHE.get(key)
-    if hit is None:
-        if len(_CACHE) >= _CACHE_MAX:
-            _CACHE.clear()
-        hit = _CACHE[key] = _simulate(shape, tau, workers, sync_s, step_sync_s)
-    return hit.copy()
+    keys, todo, got = [], {}, {}
+    for shape, tau, step_sync_s in jobs:
+        tau = np.asarray(tau, dtype=float).reshape(-1, workers.size)
+        key = (shape, tau.tobytes(), workers.tobytes(), float(sync_s), step_sync_s)
+        keys.append(key)
+        if key in _CACHE:
+            got[key] = _CACHE[key]      # (taken now: storing the new ones may clear the memo)
+        elif key not in todo:
+            todo[key] = (shape, tau, step_sync_s)
+    # one replay per number of simulated row-blocks and items per step (to the next power of
+    # two, at least 4): a job padded to others' items pays for them, but a few cost less than
+    # another replay (and padding a job to more steps costs more than it saves)
+    groups: dict = {}
+    W = int(workers.max())
+    for key, (shape, _, _) in todo.items():
+        rs = min(max(1, int(shape.row_blocks)), SIM_ROW_BLOCKS)
+        widths = tuple(max(4, 1 << (min(n, W) - 1).bit_length()) for n in shape.items)
+        groups.setdefault((rs, widths), []).append(key)
+    for members in groups.values():
+        for key, out in zip(members, _simulate_batch([todo[k] for k in members], workers,
+                                                     float(sync_s))):
+            got[key] = out
+            if len(_CACHE) >= _CACHE_MAX:
+                _CACHE.clear()
+            _CACHE[key] = out
+    return [got[k].copy() for k in keys]
 
 
 _max_reduce = np.maximum.reduce     # (ndarray.max's Python wrapper is most of a call's cost here)
@@ -79,57 +107,126 @@ _max_reduce = np.maximum.reduce     # (ndarray.max's Python wrapper is most of a
 
 def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: float,
               step_sync_s: tuple[float, ...] | None = None) -> np.ndarray:
-    K, R = len(shape.items), max(1, int(shape.row_blocks))
-    step_sync = step_sync_s or (sync_s,) * K
-    if tau.shape[0] == K:       # no lone times: the same
-        tau = np.vstack([tau, tau])
-    Rs = min(R, SIM_ROW_BLOCKS)
-    n_s, W = len(workers), int(workers.max())
-    Wc = workers[:, None]
-    # when each worker is free, row by row (SM counts) in one flat array; each row's last entry
-    # is scratch: the padding entries of the item lists below write there
-    free = np.zeros(n_s * (W + 1))
-    base = (np.arange(n_s) * (W + 1))[:, None]
-    done = np.full((Rs, K, n_s), 0.0)       # finish time of every item of (rb, k)
-    look = max(1, int(shape.lookahead))
-    rel = shape.release_step if 0 <= shape.release_step < K else K - 1
+    """One stage's replay (not memoised): _simulate_batch of one job."""
+    workers = np.asarray(workers, dtype=np.int64).reshape(-1)
+    tau = np.asarray(tau, dtype=float).reshape(-1, workers.size)
+    return _simulate_batch([(shape, tau, step_sync_s)], workers, float(sync_s))[0]
+
+
+def _per_row(values, n_s: int, dtype=None) -> np.ndarray:
+    """One value per job -> one per row (each job's SM counts are n_s consecutive rows)."""
+    return np.repeat(np.asarray(values, dtype=dtype), n_s)
+
+
+def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray]:
+    """The replays of several stages (jobs: (shape, tau, step_sync_s), all of the same step
+    count and simulated row-blocks) side by side: job b's SM counts are rows b * n_s ... of one
+    set of arrays, so one NumPy operation advances every job's (row-block, step) at once (a
+    replay is hundreds of operations on a few dozen numbers each: their per-call cost, not
+    the arithmetic, is its time). Rows never mix: each is the same maxima and sums, in the
+    same order, as that job replayed alone. Where jobs differ (items, lookahead, ring slots,
+    waits) a row takes its own value; a wait that does not apply to a row is -inf there."""
+    shapes = [j[0] for j in jobs]
+    K = len(shapes[0].items)
+    Rs = min(max(1, int(shapes[0].row_blocks)), SIM_ROW_BLOCKS)
+    B, n_s, W = len(jobs), len(workers), int(workers.max())
+    n = B * n_s
+    taus = [tau if tau.shape[0] != K else np.vstack([tau, tau]) for _, tau, _ in jobs]
+    tau_rows = np.concatenate(taus, axis=1)                       # [2K, n]: busy, then lone
+    wk = np.tile(workers, B)
+    # when each worker is free, row by row in one flat array; each row's last entry is
+    # scratch: the padding entries of the item lists below write there
+    free = np.zeros(n * (W + 1))
+    base = np.arange(n) * (W + 1)
+    done = np.zeros((Rs, K, n))            # finish time of every item of (rb, k)
+    done_flat = done.reshape(-1)
+    row_ids = np.arange(n)
+    look = _per_row([max(1, int(sh.lookahead)) for sh in shapes], n_s, np.int64)
+    rel = _per_row([sh.release_step if 0 <= sh.release_step < K else K - 1 for sh in shapes],
+                   n_s, np.int64)
+    same_look = bool((look == look[0]).all() and (rel == rel[0]).all())
+    back = -look * K * n + rel * n + row_ids
+    step_sync = [j[2] or (sync_s,) * K for j in jobs]
     # of step k's n items in row-block rb, worker (rb * n + i) mod w takes items i, i + w, ...:
     # only the min(n, w) workers with an item are touched (a few of the stage's workers), and
     # which ones and how long they run is known before the replay
     steps = []
-    for k, n in enumerate(shape.items):
-        i = np.arange(min(n, W))[None, None, :]
-        has = i[0] < np.minimum(n, Wc)
-        off = (np.arange(Rs)[:, None] * n) % workers[None, :]
-        idx = base + np.where(has, (off[:, :, None] + i) % Wc, W)  # [Rs, n_s, items]
+    for k in range(K):
+        nk = _per_row([sh.items[k] for sh in shapes], n_s, np.int64)
+        # (items along the first axis, rows along the last: a row-block's end is then a
+        # maximum over whole rows of items, not over each row's few items, many times faster)
+        cap = np.minimum(nk, wk)
+        i = np.arange(int(np.minimum(nk, W).max()))[:, None]
+        has = i < cap
+        off = ((np.arange(Rs)[:, None] * nk[None, :]) % wk[None, :])[:, None, :]
+        worker = off + i        # < 2 w (off < w, i < w): (off + i) mod w is one subtraction
+        worker -= wk * (worker >= wk)
+        idx = base + np.where(has, worker, W)                        # [Rs, items, n]
         # a padding entry ends at -inf: it never counts in the row-block's end (its scratch
         # slot is never read for a real item)
-        m = (n - 1 - i[0]) // Wc + 1                                 # items per worker
-        busy = np.where(has, m * tau[k][:, None], -np.inf)
+        m = (nk - 1 - i) // wk + 1                                   # items per worker
+        busy = np.where(has, m * tau_rows[k], -np.inf)
         # worker c's SM-mate is c + w/2 (mod w): an item runs alone when the mate has no item
-        # of the same (rb, k) and is free when it starts (only a worker's single item can)
+        # of the same (rb, k) and is free when it starts (only a worker's single item can).
+        # (A job whose lone times are its busy ones, or with no lone item, gets its busy time
+        # either way: lone is then busy entry for entry)
         alone = None
-        half = Wc // 2
-        mate_here = ((i[0] + half) % Wc) < np.minimum(n, Wc)            # [n_s, items]
-        if not np.array_equal(tau[k], tau[K + k]) and np.any(has & ~mate_here & (m == 1)):
-            pidx = base + (((off[:, :, None] + i) % Wc + half) % Wc)
-            lone = np.where(has, np.where(m == 1, tau[K + k][:, None], busy), -np.inf)
+        half = wk // 2
+        mate_here = ((i + half) % wk) < cap                          # [items, n]
+        lone_item = (has & ~mate_here & (m == 1)).reshape(-1, B, n_s).any(axis=(0, 2))
+        differs = [not np.array_equal(t[k], t[K + k]) for t in taus]
+        if any(d and a for d, a in zip(differs, lone_item)):
+            pidx = base + (((off + i) % wk + half) % wk)
+            lone = np.where(has, np.where(m == 1, tau_rows[K + k], busy), -np.inf)
             alone = (pidx, mate_here, lone)
-        late = bool(shape.late_slot_wait[k]) if k < len(shape.late_slot_wait) else False
-        steps.append((idx, busy, shape.slots[k] if k + 1 < K else 0, alone, late))
-    zero = np.zeros((n_s, 1))
+        sync_k = _per_row([s[k] for s in step_sync], n_s, float)
+        if (sync_k == sync_k[0]).all():
+            sync_k = float(sync_k[0])
+        slot = None
+        if k + 1 < K:
+            slots = _per_row([sh.slots[k] for sh in shapes], n_s, np.int64)
+            late = _per_row([bool(sh.late_slot_wait[k]) if k < len(sh.late_slot_wait) else False
+                             for sh in shapes], n_s, bool)
+            if (slots > 0).any():
+                # row-block rb's wait reads done[rb - slots, k + 1] (flat: rb * K * n + at);
+                # rows without such a wait (yet) read -inf
+                same = int(slots[0]) if (slots == slots[0]).all() else None
+                lo = int(slots[slots > 0].min())
+                hi = int(slots.max()) if (slots > 0).all() else Rs
+                at = -slots * K * n + (k + 1) * n + row_ids
+                mask = ((slots > 0)[None, :] & (np.arange(hi)[:, None] >= slots[None, :]))
+                slot = (same, lo, hi, at, mask, late, bool(late.all()), bool((~late).all()))
+        steps.append((idx, busy, alone, sync_k, slot))
+    zero = np.zeros(n)
     for rb in range(Rs):
         row = done[rb]
-        for k, (idx, busy, slots, alone, late) in enumerate(steps):
+        for k, (idx, busy, alone, sync_k, slot) in enumerate(steps):
             if k > 0:
-                ready = row[k - 1][:, None] + step_sync[k]
-            elif rb >= look:
-                ready = done[rb - look, rel][:, None] + sync_s
-            else:
-                ready = zero
-            slot = done[rb - slots, k + 1][:, None] + sync_s if slots and rb >= slots else None
-            if slot is not None and not late:
-                ready = np.maximum(ready, slot)
+                ready = row[k - 1] + sync_k
+            elif same_look:
+                ready = done[rb - look[0], rel[0]] + sync_s if rb >= look[0] else zero
+            else:       # each row reads done[rb - look, rel] of its own (flat: rb * K * n + back)
+                got = np.take(done_flat, rb * K * n + back, mode="wrap") + sync_s
+                ready = np.where(rb >= look, got, 0.0)
+            before = after = None
+            if slot is not None and rb >= slot[1]:
+                same, _, hi, at, mask, late, all_late, none_late = slot
+                if same is not None:
+                    wait = done[rb - same, k + 1] + sync_s
+                else:
+                    wait = np.take(done_flat, rb * K * n + at, mode="wrap") + sync_s
+                    if rb < hi:
+                        wait = np.where(mask[rb], wait, -np.inf)
+                # a GEMM step waits for its slot only before its epilogue (late), others first
+                if all_late:
+                    after = wait
+                elif none_late:
+                    before = wait
+                else:
+                    before = np.where(late, -np.inf, wait)
+                    after = np.where(late, wait, -np.inf)
+            if before is not None:
+                ready = np.maximum(ready, before)
             at = idx[rb]
             end = np.maximum(free[at], ready)
             if alone is None:
@@ -138,22 +235,28 @@ def _simulate(shape: StageShape, tau: np.ndarray, workers: np.ndarray, sync_s: f
                 pidx, mate_here, lone = alone
                 paired = mate_here | (free[pidx[rb]] > end)
                 end += np.where(paired, busy, lone)
-            if slot is not None and late:
-                end = np.maximum(end, slot)
+            if after is not None:
+                end = np.maximum(end, after)
             free[at] = end
-            row[k] = _max_reduce(end, axis=1)
+            row[k] = _max_reduce(end, axis=0)
     # the stage ends with its last item (a later row-block may finish before an earlier one)
     ends = np.maximum.accumulate(done.max(axis=1), axis=0)
-    last = ends[Rs - 1]
-    if R == Rs:
-        return last
-    # the steady period: what the second half of the simulated row-blocks took, but never less
-    # than the row-block's items spread over every worker (when fewer row-blocks are simulated
-    # than the workers hold at once, the simulated ones all run side by side)
-    half = Rs // 2
-    work = (np.asarray(shape.items, float)[:, None] * tau[:K]).sum(axis=0) / workers
-    period = np.maximum((last - ends[half - 1]) / (Rs - half), work)
-    return last + (R - Rs) * period
+    out = []
+    for b, (shape, tau) in enumerate(zip(shapes, taus)):
+        rows = slice(b * n_s, (b + 1) * n_s)
+        last = ends[Rs - 1, rows]
+        R = max(1, int(shape.row_blocks))
+        if R == Rs:
+            out.append(last.copy())
+            continue
+        # the steady period: what the second half of the simulated row-blocks took, but never
+        # less than the row-block's items spread over every worker (when fewer row-blocks are
+        # simulated than the workers hold at once, the simulated ones all run side by side)
+        half = Rs // 2
+        work = (np.asarray(shape.items, float)[:, None] * tau[:K]).sum(axis=0) / workers
+        period = np.maximum((last - ends[half - 1, rows]) / (Rs - half), work)
+        out.append(last + (R - Rs) * period)
+    return out
 
 
 def stage_unit_time(works: list[KernelWork], spec: HwSpec, sms, shape: StageShape | None = None):
@@ -210,8 +313,34 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
     key = (tuple(works), shape)
     memo = table(spec, "stage_schedule")
     hit = memo.get(key)
-    if hit is not None:
-        return hit
+    if hit is None:
+        setup = _schedule_setup(works, spec, shape)
+        hit = memo[key] = _schedule_finish(setup, makespans(setup[0], *setup[1:3]))
+    return hit
+
+
+def prefetch_schedules(stages, spec: HwSpec) -> None:
+    """_schedule of every (works, shape) in `stages` not memoised yet, their worker schedules
+    replayed side by side (makespans): the search asks for hundreds of stages at once, each
+    replay alone being mostly NumPy's per-call cost. The same numbers as one by one."""
+    memo = table(spec, "stage_schedule")
+    setups = {}
+    for works, shape in stages:
+        key = (tuple(works), shape)
+        if key not in memo and key not in setups:
+            setups[key] = _schedule_setup(works, spec, shape)
+    if not setups:
+        return
+    jobs = [job for setup in setups.values() for job in setup[0]]
+    first = next(iter(setups.values()))
+    spans = makespans(jobs, first[1], first[2])
+    for i, (key, setup) in enumerate(setups.items()):
+        memo[key] = _schedule_finish(setup, spans[2 * i:2 * i + 2])
+
+
+def _schedule_setup(works: list[KernelWork], spec: HwSpec, shape: StageShape):
+    """_schedule's two replays (makespans jobs: the stage's row-blocks, then its first unit's
+    alone), their workers and hand-off, and what the rest of _schedule needs."""
     # the schedule is replayed at a fixed grid of SM counts (every SM_GRID_STEP and the chip's
     # total) and interpolated log-log in between, so a table and a single SM count agree
     grid = sim_grid(spec.sm_count)
@@ -230,20 +359,25 @@ def _schedule(works: list[KernelWork], spec: HwSpec, shape: StageShape):
     # between stages (ring_handoff_s, 2.4 us; it had been the idle flag ping-pong, 0.53 us:
     # attention's qk + scale + softmax stage, whose scores ring holds two row-blocks, ran a row-
     # block every 3.1 us where that gave 1.8; NeRF's three-layer stages alone -17% -> -3%)
-    span = makespan(shape, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
-                    spec.ring_handoff_cost_s, tuple(step_wait_s(w, spec) for w in works))
+    taus = np.vstack(tau + lone)
+    waits = tuple(step_wait_s(w, spec) for w in works)
     # the first unit alone: the same schedule over the unit's own row-blocks
     one = StageShape(shape.items, max(1, shape.rb_per_unit), shape.lookahead, shape.slots,
                      shape.rb_per_unit, shape.slabs, shape.late_slot_wait, shape.release_step)
-    first = makespan(one, np.vstack(tau + lone), TEAMS_PER_SM * grid.astype(np.int64),
-                     spec.ring_handoff_cost_s, tuple(step_wait_s(w, spec) for w in works))
+    jobs = [(shape, taus, waits), (one, taus, waits)]
+    return (jobs, TEAMS_PER_SM * grid.astype(np.int64), spec.ring_handoff_cost_s, grid, works,
+            shape)
+
+
+def _schedule_finish(setup, replays):
+    _, _, _, grid, works, shape = setup
+    span, first = replays
     units = shape.row_blocks * shape.slabs / shape.rb_per_unit     # hand-off units (slabs)
     # never faster than every unit's work at once on the stage's SMs (the shared DRAM and L2
     # bandwidth of all the row-blocks in flight)
     U = max(1, round(units))
     whole = [w.scaled(U, tiles=w.tiles * U) for w in works]
-    hit = memo[key] = (grid[-1], np.log(grid), np.log(span), units, U, whole, np.log(first))
-    return hit
+    return (grid[-1], np.log(grid), np.log(span), units, U, whole, np.log(first))
 
 
 SM_GRID_STEP = 8

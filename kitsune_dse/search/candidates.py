@@ -32,9 +32,11 @@ keep queues that spill past the L2), and the whole graph is always one more wind
 kernel strategies, so the candidate set contains a cover equal to every whole-model strategy of
 `kitsune-dse compare` (CandidateSet.baselines lists them; compare_baselines=False skips the
 pipeline one). These exhaustive searches are the costly part: those of windows of at least
-FORK_MIN_ATOMS atoms start at once in forked worker processes (KITSUNE_DSE_JOBS, default the
-CPU count; 1 runs them all in this process) while this process costs the other windows (and
-runs the short searches itself when it reaches them); the results are the same either way.
+FORK_MIN_ATOMS atoms start at once, in parts, in forked worker processes (KITSUNE_DSE_JOBS
+processes in all, this one included, default the CPU count; 1 runs them all in this process)
+while this process costs the other windows (the pipeline searches of the windows of one size
+side by side, their stage replays together) and then prices the parts no worker has started
+(and runs the short searches itself when it reaches them); the results are the same either way.
 
 Reuse. Windows are costed once per *structural signature* (op kinds, attrs, shapes, dtypes,
 which inputs are weights, graph inputs or come from inside the window, which outputs leave it,
@@ -46,6 +48,7 @@ size: at most max_window windows start at each atom, each with 4 + at most KEEP_
 """
 from __future__ import annotations
 
+import gc
 import heapq
 import itertools
 import math
@@ -54,10 +57,11 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_candidates,
-                                      stream_segments)
+from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipeline_bases,
+                                      priced_candidates, stream_segments)
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.pipeline import PipelineChoice, pipeline, plan_stages, stage_tables
+from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
+                                      prefetch_stage_schedules, stage_tables)
 from kitsune_dse.cost.region import Region, handed_over
 from kitsune_dse.cost.strategies import (STRATEGIES, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
@@ -341,12 +345,14 @@ class _PipelineEnumerator:
         self.evaluated = 0
         self.exact_calls = 0
 
-    def evaluate(self, region: Region, stages, tile_rows: int, modes, order: int):
-        """Probe plan, stage-time table, SMs balanced over it, the model's closed-form time."""
-        spec, S, g = self.spec, self.spec.sm_count, self.step
+    def probe_plan(self, region: Region, stages, tile_rows: int, modes):
+        """The plan evaluate() probes: SMs split evenly, queues PROBE_DEPTH deep, or 1 deep
+        where that does not fit the usable L2. (plan, None), or (None, bytes one slot per queue
+        needs) when even one does not fit, or (None, None) when infeasible or too few SMs."""
+        spec, S = self.spec, self.spec.sm_count
         J = len(stages)
-        if J * g > S:
-            return None
+        if J * self.step > S:
+            return None, None
         probe = PipelineChoice(stages, (max(1, S // J),) * J, tile_rows,
                                (PROBE_DEPTH,) * (J - 1), modes)
         try:
@@ -355,11 +361,31 @@ class _PipelineEnumerator:
                 need = sum(plan.slot_bytes)
                 if PROBE_DEPTH * need > spec.l2_usable_bytes:
                     if need > spec.l2_usable_bytes:
-                        self.l2_dropped += 1
-                        self.min_queue_bytes = min(self.min_queue_bytes, need)
-                        return None
+                        return None, need
                     probe = PipelineChoice(stages, probe.sms, tile_rows, (1,) * (J - 1), modes)
                     plan = plan_stages(region, spec, probe)
+        except InfeasibleError:
+            return None, None
+        return plan, None
+
+    def prefetch(self, region: Region, probes) -> None:
+        """Replay the stages of the plans evaluate() will probe for these (stages, tile_rows,
+        modes) side by side (cost.pipeline.prefetch_stage_schedules)."""
+        plans = [self.probe_plan(region, *p)[0] for p in probes]
+        prefetch_stage_schedules(self.spec, [(region, p) for p in plans if p is not None])
+
+    def evaluate(self, region: Region, stages, tile_rows: int, modes, order: int):
+        """Probe plan, stage-time table, SMs balanced over it, the model's closed-form time."""
+        spec, S, g = self.spec, self.spec.sm_count, self.step
+        J = len(stages)
+        plan, need = self.probe_plan(region, stages, tile_rows, modes)
+        if plan is None:
+            if need is not None:
+                self.l2_dropped += 1
+                self.min_queue_bytes = min(self.min_queue_bytes, need)
+            return None
+        probe = plan.choice
+        try:
             tab, totals = table_and_totals(region, spec, plan)
         except InfeasibleError:
             return None
@@ -372,9 +398,14 @@ class _PipelineEnumerator:
             # as cost.compare.balance_sms: SMs left over go to the slowest stage, step by step
             split = [int(s) for s in split]
             rows = tab.tolist()
-            while sum(split) + g <= S:
-                j = max(range(J), key=lambda k: (rows[k][split[k]], -k))
+            used = sum(split)
+            while used + g <= S:
+                j, slowest = 0, rows[0][split[0]]       # the first of the slowest
+                for k in range(1, J):
+                    if rows[k][split[k]] > slowest:
+                        j, slowest = k, rows[k][split[k]]
                 split[j] += g
+                used += g
             sms = tuple(split)
         self.evaluated += 1
         units = plan.row_blocks * plan.slabs
@@ -412,6 +443,40 @@ class _PipelineEnumerator:
         return out
 
     def limited(self, region: Region, atoms: list[tuple[str, ...]], work: list[float]):
+        return self.together({0: self.limited_steps(region, atoms, work)})[0]
+
+    def together(self, searches: dict) -> dict:
+        """Run limited_steps generators side by side: each yields the plans it is about to
+        price, ("probe", region, [(stages, tile_rows, modes)]) for evaluate() or ("exact",
+        region, [choices]) for pipeline(), and is resumed once the stages of every search's
+        plans have been replayed together (prefetch_stage_schedules); key -> its result. The
+        searches are pure: the same results as one after another, in a fraction of the time."""
+        results, waiting = {}, dict(searches)
+        while waiting:
+            asks, ready = [], {}
+            for key, gen in waiting.items():
+                try:
+                    asks.append(next(gen))
+                    ready[key] = gen
+                except StopIteration as stop:
+                    results[key] = stop.value
+            plans = []
+            for kind, region, items in asks:
+                if kind == "probe":
+                    plans += [(region, p) for p in (self.probe_plan(region, *i)[0] for i in items)
+                              if p is not None]
+                else:
+                    for choice in items:
+                        try:
+                            plans.append((region, plan_stages(region, self.spec, choice)))
+                        except InfeasibleError:
+                            pass
+            prefetch_stage_schedules(self.spec, plans)
+            waiting = ready
+        return results
+
+    def limited_steps(self, region: Region, atoms: list[tuple[str, ...]], work: list[float]):
+        """The pipeline candidates of a window of atoms (a generator: see together())."""
         g = self.graph
         k = len(atoms)
         rows_first = max(1, g.tensors[g.op(region.ops[0]).outputs[0]].rows)
@@ -420,12 +485,14 @@ class _PipelineEnumerator:
         out: list[_PipeEval] = []
         seen = set()
         order = 0
+        cuts = []
         for comp in self.cut_options(atoms, work, k):
             J = len(comp)
             stages = tuple(tuple(sorted((o for a in atoms[lo:hi] for o in a), key=g.index))
                            for lo, hi in comp)
-            tile = default_tile if J > 1 else rows_first
-            modes = ("row",) * (J - 1)
+            cuts.append((stages, default_tile if J > 1 else rows_first, ("row",) * (J - 1)))
+        yield ("probe", region, cuts)
+        for stages, tile, modes in cuts:
             seen.add((stages, tile, modes))
             ev = self.evaluate(region, stages, tile, modes, order)
             order += 1
@@ -439,6 +506,8 @@ class _PipelineEnumerator:
             J = len(stages)
             row = ("row",) * (J - 1)
             tried = [base]
+            yield ("probe", region, [(stages, tile, row) for tile in tile_opts
+                                     if (stages, tile, row) not in seen])
             for tile in tile_opts:
                 if (stages, tile, row) in seen:
                     continue
@@ -457,6 +526,7 @@ class _PipelineEnumerator:
                 if ev is not None:
                     out.append(ev)
         kept = _keep(out, lambda e: (e.model_s, e.dram, e.order))
+        yield ("exact", region, [e.choice for e in kept])
         for e in kept:
             try:
                 e.estimate = pipeline(region, self.spec, e.choice)
@@ -473,6 +543,7 @@ class _PipelineEnumerator:
         evals = [_PipeEval(ch, est, i, model_s=est.latency_s, dram=est.dram_bytes)
                  for i, (ch, est) in enumerate(res)]
         kept = _keep(evals, lambda e: (e.model_s, e.dram, e.order))
+        self.prefetch(region, [(e.choice.stages, e.choice.tile_rows, e.choice.modes) for e in kept])
         for e in kept:
             # the solver's table: at a queue depth that fits the L2 (as evaluate probes it), not
             # at compare's depth, whose queues may spill and slow every stage down
@@ -492,14 +563,36 @@ _FORKED: dict = {}
 
 
 def _pipeline_search(ops: tuple[str, ...]) -> list:
+    """compare.pipeline_candidates on a window, as [(choice, estimate)]."""
     graph, spec, step = _FORKED["args"]
+    region = Region.of(graph, ops)
     return [(pc.choice, pc.estimate)
-            for pc in pipeline_candidates(Region.of(graph, ops), spec, step)]
+            for pc in priced_candidates(region, spec, pipeline_bases(region), step)]
+
+
+def _pipeline_search_part(ops: tuple[str, ...], tile_rows: int) -> list:
+    """The part of _pipeline_search(ops) at one tile size (its choices share most of their
+    stages' work), as [(index among the window's pipeline_bases, choice, estimate)]."""
+    graph, spec, step = _FORKED["args"]
+    region = Region.of(graph, ops)
+    bases = pipeline_bases(region)
+    part = [i for i, b in enumerate(bases) if b.tile_rows == tile_rows]
+    # a priced choice is its base with other SMs (balanced() changes nothing else); the same
+    # base may come twice (a one-stage cut's tile at the stream's rows): in order, then
+    where: dict = {}
+    for i in part:
+        b = bases[i]
+        where.setdefault((b.stages, b.tile_rows, b.depths, b.modes), []).append(i)
+    out = []
+    for pc in priced_candidates(region, spec, [bases[i] for i in part], step):
+        c = pc.choice
+        out.append((where[(c.stages, c.tile_rows, c.depths, c.modes)].pop(0), c, pc.estimate))
+    return out
 
 
 def jobs() -> int:
-    """Worker processes for compare's exhaustive pipeline searches: KITSUNE_DSE_JOBS, else
-    the CPU count (1: in this process)."""
+    """Processes for compare's exhaustive pipeline searches, this one included:
+    KITSUNE_DSE_JOBS, else the CPU count (1: all in this process)."""
     try:
         return max(1, int(os.environ.get("KITSUNE_DSE_JOBS", "") or (os.cpu_count() or 1)))
     except ValueError:
@@ -508,52 +601,84 @@ def jobs() -> int:
 
 class _PipelineSearches:
     """cost.compare.pipeline_candidates on some windows (op tuples), the costly part of the
-    candidate search: independent pure computations. The `remote` ones (long windows) start at
-    once in forked worker processes (jobs() > 1) while this process costs the other windows,
-    and are collected when needed; the others (short windows: a few cuts, quick) and, without
-    fork, all of them run here when first asked for. This process needs the windows shortest
-    first, so a short one queued behind the long ones in a worker would only keep it waiting.
-    Same results either way."""
+    candidate search: independent pure computations. The `remote` ones (long windows) are cut
+    into parts, one per tile size (its choices share most of their stages' work), which
+    jobs() - 1 forked worker processes price one at a time, in the order this process will
+    need them, while this process costs the other windows; when it needs a remote window, it
+    prices the parts no worker has taken yet itself, so that neither side waits long for the
+    other (a worker is handed its next part only when it is done with one). The others (short
+    windows: a few cuts, quick) and, without fork, all of them run here when first asked for.
+    Same results either way: a window's parts, merged in its choices' order, are its search."""
 
     def __init__(self, graph: Graph, spec: HwSpec, step: int, tasks: dict, remote=None):
+        import threading
         self.args = (graph, spec, step)
-        self.tasks = tasks              # key -> ops
+        self.tasks = tasks              # key -> ops, in the order this process needs them
         self.done: dict = {}
-        self.futures: dict = {}
+        self.parts: dict = {}           # key -> its parts' tile sizes, in order
+        self.pending: list = []         # (key, tile_rows) no worker has taken, in order
+        self.futures: dict = {}         # (key, tile_rows) -> future of a part a worker took
+        self.lock = threading.Lock()    # (workers' completions hand out parts from another thread)
         self.pool = None
-        remote = {k: tasks[k] for k in (tasks if remote is None else remote)}
-        n = min(jobs(), len(remote))
-        if jobs() > 1 and n >= 1:
+        remote = [k for k in tasks if remote is None or k in remote]
+        if jobs() > 1 and remote:
             try:
                 import multiprocessing as mp
                 from concurrent.futures import ProcessPoolExecutor
                 if not mp.current_process().daemon and "fork" in mp.get_all_start_methods():
                     _FORKED["args"] = self.args
-                    self.pool = ProcessPoolExecutor(max_workers=n,
+                    for key in remote:
+                        bases = pipeline_bases(Region.of(graph, tasks[key]))
+                        self.parts[key] = list(dict.fromkeys(b.tile_rows for b in bases))
+                        self.pending += [(key, t) for t in self.parts[key]]
+                    self.pool = ProcessPoolExecutor(max_workers=jobs() - 1,
                                                     mp_context=mp.get_context("fork"))
-                    # longest windows first: they take longest
-                    for key, ops in sorted(remote.items(), key=lambda kv: -len(kv[1])):
-                        self.futures[key] = self.pool.submit(_pipeline_search, ops)
+                    for _ in range(jobs() - 1):
+                        self._hand_out()
             except Exception:       # no fork here (sandbox, daemon worker...): run them here
                 self.close()
-                self.futures = {}
+                self.parts, self.pending, self.futures = {}, [], {}
+
+    def _hand_out(self, _done=None) -> None:
+        """Give a worker the next part no one has taken (called again as each one finishes)."""
+        with self.lock:
+            if self.pool is None or not self.pending:
+                return
+            key, t = self.pending.pop(0)
+            fut = self.futures[(key, t)] = self.pool.submit(_pipeline_search_part,
+                                                            self.tasks[key], t)
+        fut.add_done_callback(self._hand_out)
 
     def result(self, key) -> list:
         if key not in self.done:
-            fut = self.futures.get(key)
-            try:
-                self.done[key] = fut.result() if fut is not None else None
-            except Exception:
-                self.done[key] = None
-            if self.done[key] is None:
-                _FORKED["args"] = self.args
+            _FORKED["args"] = self.args
+            if key not in self.parts:
                 self.done[key] = _pipeline_search(self.tasks[key])
+                return self.done[key]
+            here = {}
+            while True:     # the window's next part no worker has taken, while there is one
+                with self.lock:
+                    mine = [i for i, (k, _) in enumerate(self.pending) if k == key]
+                    if not mine:
+                        break
+                    _, t = self.pending.pop(mine[0])
+                here[t] = _pipeline_search_part(self.tasks[key], t)
+            merged = []
+            for t in self.parts[key]:
+                if t not in here:
+                    try:
+                        here[t] = self.futures[(key, t)].result()
+                    except Exception:
+                        here[t] = _pipeline_search_part(self.tasks[key], t)
+                merged += here[t]
+            self.done[key] = [(c, est) for _, c, est in sorted(merged, key=lambda x: x[0])]
         return self.done[key]
 
     def close(self):
-        if self.pool is not None:
-            self.pool.shutdown(wait=True, cancel_futures=True)
-            self.pool = None
+        with self.lock:
+            pool, self.pool = self.pool, None
+        if pool is not None:
+            pool.shutdown(wait=True, cancel_futures=True)
         _FORKED.clear()
 
 
@@ -634,20 +759,31 @@ def build_candidates(graph: Graph, spec: HwSpec, *, max_window: int = 8, sm_gran
     # parallel where possible
     tasks: dict = {}
     remote = set()
-    for w in sorted(full_pipe):
+    for w in sorted(full_pipe, key=lambda w: (w[1] - w[0], w[0])):     # as _build needs them
         ops = tuple(sorted((o for a in atoms[w[0]:w[1]] for o in a), key=graph.index))
         if seg_of[w[0]] == seg_of[w[1] - 1]:
             key = window_signature(Region.of(graph, ops), spec)[0]
             tasks.setdefault(key, ops)
             if w[1] - w[0] >= FORK_MIN_ATOMS:
                 remote.add(key)
-    searches = _PipelineSearches(graph, spec, step, tasks, remote)
+    # no cyclic garbage collection while building (nor in the workers forked here): the build
+    # makes hundreds of thousands of short-lived objects, nearly all freed by their reference
+    # counts, and the collector's passes over them were ~5% of its time (peak memory the same;
+    # the first collection after it scans what it kept: chain-5000's build 1.8 s faster, the
+    # solve after it 0.5 s slower)
+    collecting = gc.isenabled()
+    gc.disable()
     try:
-        return _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step,
-                      strategies, kernel_strats, want_pipe, compare_baselines, max_window,
-                      progress, enum, searches)
+        searches = _PipelineSearches(graph, spec, step, tasks, remote)
+        try:
+            return _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step,
+                          strategies, kernel_strats, want_pipe, compare_baselines, max_window,
+                          progress, enum, searches)
+        finally:
+            searches.close()
     finally:
-        searches.close()
+        if collecting:
+            gc.enable()
 
 
 def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step, strategies,
@@ -658,14 +794,35 @@ def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step
     work = [0.0] * n
     cands: list[Candidate] = []
     span_ids: dict[tuple[int, int], dict[str, list[int]]] = {}
+    seen_windows: dict = {}      # (lo, hi) -> ops, region, signature names, full, do_pipe, key
+    limited: dict = {}           # key -> the pipeline search of its first window (evals)
+
+    def window(lo, hi):
+        if (lo, hi) not in seen_windows:
+            ops = tuple(sorted((o for a in atoms[lo:hi] for o in a), key=graph.index))
+            region = Region.of(graph, ops)
+            sig, names = window_signature(region, spec)
+            full = (lo, hi) in full_pipe
+            do_pipe = (want_pipe and seg_of[lo] == seg_of[hi - 1]
+                       and (full or hi - lo <= min(max_window, MAX_PIPELINE_ATOMS)))
+            seen_windows[(lo, hi)] = (ops, region, sig, names, full, do_pipe,
+                                      (sig, do_pipe, full))
+        return seen_windows[(lo, hi)]
+
     for wi, (lo, hi) in enumerate(windows):
-        ops = tuple(sorted((o for a in atoms[lo:hi] for o in a), key=graph.index))
-        region = Region.of(graph, ops)
-        sig, names = window_signature(region, spec)
-        full = (lo, hi) in full_pipe
-        do_pipe = (want_pipe and seg_of[lo] == seg_of[hi - 1]
-                   and (full or hi - lo <= min(max_window, MAX_PIPELINE_ATOMS)))
-        key = (sig, do_pipe, full)
+        if wi == 0 or hi - lo != windows[wi - 1][1] - windows[wi - 1][0]:
+            # the pipeline searches of every new window of this size, side by side (their
+            # stage replays together); the one-atom windows before give the atom times
+            steps = {}
+            for w in windows[wi:]:
+                if w[1] - w[0] != hi - lo:
+                    break
+                _, region, _, _, full, do_pipe, key = window(*w)
+                if do_pipe and not full and key not in cache and key not in steps:
+                    steps[key] = enum.limited_steps(region, [tuple(a) for a in atoms[w[0]:w[1]]],
+                                                       work[w[0]:w[1]])
+            limited = enum.together(steps)
+        ops, region, sig, names, full, do_pipe, key = seen_windows.pop((lo, hi), None) or window(lo, hi)
         if key in cache:
             hits += 1
             src_names, entries = cache[key]
@@ -680,7 +837,7 @@ def _build(graph, spec, atoms, seg_of, n, windows, full_pipe, pipe_windows, step
                                            ch.depths, ch.modes), est) for ch, est in res]
                     evals = enum.full(region, res)
                 else:
-                    evals = enum.limited(region, [tuple(a) for a in atoms[lo:hi]], work[lo:hi])
+                    evals = limited.pop(key)
                 for e in evals:
                     p = e.plan
                     entries.append(_Entry(
