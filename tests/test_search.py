@@ -469,3 +469,33 @@ def test_maximal_depth_vectors_equal_the_pairwise_dominance_test():
         pairwise = tuple(dv for dv in fit if not any(
             o != dv and all(a >= b for a, b in zip(o, dv)) for o in fit))
         assert _maximal_depths(J, slots, budget) == pairwise
+
+
+@pytest.mark.parametrize("model,sizes", [("attention-head", {}), ("gpt3-mlp", {"tokens": 64}),
+                                         ("ln-residual-gemm", {})])
+def test_the_dp_hint_is_a_complete_solution_of_the_integer_model(model, sizes):
+    # every variable hinted (candidates, SMs, and each pipeline's period, overlap, depths,
+    # excess and floor steps): fixed to the hint, the model is feasible and its latency is the
+    # DP's own total of pre-solved items; each one-stage pipeline keeps a single SM count
+    from ortools.sat.python import cp_model
+
+    from kitsune_dse.search.exact import _dp_lexi
+    cs = build_candidates(load_model(model, sizes), H100)
+    items = solver_mod.model_items(cs, 1)
+    cov = solver_mod._Cover(cs, items, True)
+    assert cov.sm_vars and all(len(it.pm.allowed[0]) == 1 for it in items
+                               if it.pm is not None and it.pm.J == 1)
+    hint = cov.dp_hint("latency")
+    hinted = {v.index for v, _ in hint}
+    aux = [x for a in cov.aux.values() for x in [a["E"], a["B"], a["M"], *[z for zq in a["z"] for z in zq],
+                                                  *[u for u, _ in a["u"]]] if x is not None]
+    assert aux and all(x.index in hinted for x in aux)
+    m = cov.model.clone()
+    for v, val in hint:
+        m.add(v == val)
+    m.minimize(cov.lat)
+    s = cp_model.CpSolver()
+    s.parameters.num_workers = 1
+    assert s.solve(m) == cp_model.OPTIMAL
+    dp = _dp_lexi(len(cs.atoms), [(it.cand.span, (it.lat, it.kib), k) for k, it in enumerate(items)])
+    assert round(s.objective_value) == dp[0][0]

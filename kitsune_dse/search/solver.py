@@ -170,6 +170,13 @@ class PipeModel:
     slot_kib: list[int]
     budget_kib: int
     sm_count: int
+    # SM booleans of the model before a one-stage pipeline was reduced to its best count: the
+    # CP-SAT / pre-solved switch (SM_BOOL_LIMIT) counts these, so the reduction never flips it
+    counts_before: int = 0
+
+    @property
+    def sm_bool_count(self) -> int:
+        return self.counts_before or sum(len(a) for a in self.allowed)
 
     def floor_of(self, total):
         """DRAM bytes / HBM bandwidth reachable from `total` SMs, taken at the largest step
@@ -219,6 +226,18 @@ class PipeModel:
         if getattr(self, "_maximal", None) is None:
             self._maximal = list(_maximal_depths(self.J, tuple(self.slot_kib), self.budget_kib))
         return self._maximal
+
+    def at_best(self, sms) -> tuple[int, tuple[int, ...], int]:
+        """The integer model's period, depths and least overlap min_j (L_j - T_j) of one
+        allocation (the values of B, z and M that realise it)."""
+        T, Lt = [], []
+        for j, s in enumerate(sms):
+            k = int(np.searchsorted(self.allowed[j], s))
+            T.append(self.tab[j][k:k + 1])
+            Lt.append(self.lat[j][k:k + 1])
+        _, period, D, _ = self._solve(T, Lt, np.array([True]), np.array([sum(sms)]))
+        overlap = int(np.min([lt[0] - t[0] for lt, t in zip(Lt, T)]))
+        return int(np.asarray(period).ravel()[0]), tuple(int(d[0]) for d in D), max(0, overlap)
 
     def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
         """(L, depths) of one allocation, None where it is infeasible."""
@@ -334,7 +353,15 @@ def model_items(cset: CandidateSet, step: int) -> list[Item]:
                    c.choice.sms, c.estimate.dram_bytes)
             if key not in memo:
                 pm = pipe_model(c, cset, step)
-                memo[key] = (pm, pm.best())
+                best = pm.best()
+                if best is not None and pm.J == 1:
+                    # one stage partitions nothing and regions run one after another: its SM
+                    # count changes only its own latency, so its best count is the only one an
+                    # optimum needs (nerf-mlp: 9064 -> 7230 SM booleans). On a tie the most
+                    # SMs: a memory-bound step saturates HBM below 132 SMs, and a user expects
+                    # the whole GPU for it unless fewer are faster
+                    pm, best = _one_stage_at_best(pm)
+                memo[key] = (pm, best)
             pm, best = memo[key]
             if best is None:
                 continue
@@ -344,6 +371,17 @@ def model_items(cset: CandidateSet, step: int) -> list[Item]:
             # candidate costs its latency less that, the plan that once more (a constant)
             items.append(Item(c, _ns(c.estimate.latency_s - cset.spec.region_overlap_s), kib))
     return items
+
+
+def _one_stage_at_best(pm: PipeModel) -> tuple[PipeModel, tuple]:
+    """A one-stage pipeline's model reduced to its best SM count (the most SMs among equally
+    fast ones) and that (L, sms, depths)."""
+    L = [pm.evaluate((int(a),)) for a in pm.allowed[0]]
+    lat = np.array([x[0] if x is not None else np.iinfo(np.int64).max for x in L])
+    k = int(np.flatnonzero(lat == lat.min())[-1])
+    one = replace(pm, allowed=[pm.allowed[0][k:k + 1]], tab=[pm.tab[0][k:k + 1]],
+                  lat=[pm.lat[0][k:k + 1]], counts_before=len(pm.allowed[0]))
+    return one, (int(lat[k]), (int(pm.allowed[0][k]),), ())
 
 
 def prune_dominated(items: list[Item]) -> list[Item]:
@@ -474,6 +512,7 @@ class _Cover:
             m.add_exactly_one(vs)
         lat_terms, kib_terms = [], []
         self.sm_vars: dict[int, list[list]] = {}
+        self.aux: dict[int, dict] = {}      # a pipeline item's other variables (for full hints)
         for i, (v, it) in enumerate(zip(self.x, items)):
             kib_terms.append(it.kib * v)
             if it.pm is None or not use_sm_bools:
@@ -518,22 +557,24 @@ class _Cover:
         maxt = max(int(t.max()) for t in pm.tab)
         maxl = max(int(t.max()) for t in pm.lat)
         span = sum(Ts) + (pm.J - 1) * pm.sync * x
+        aux = self.aux[i] = {"M": None, "B": None, "z": [], "u": []}
         if pm.J > 1:
             # the first unit's trip at each stage's latency, less the least overlap
             # min_j (L_j - T_j) (closed_form_span): M <= L_j - T_j, pushed up by the objective
-            M = m.new_int_var(0, maxl, f"M{i}")
+            M = aux["M"] = m.new_int_var(0, maxl, f"M{i}")
             for t, lt in zip(Ts, Ls):
                 m.add(M <= lt - t)
             span = sum(Ls) - M + (pm.J - 1) * pm.sync * x
         if pm.units > 1 and pm.J > 1:
             # B: the period; >= every stage's unit time and >= each queue's pace at its depth
             maxp = max(maxt, max(int(pm.lat[q + 1].max()) + 2 * pm.sync for q in range(pm.J - 1)))
-            B = m.new_int_var(0, maxp, f"B{i}")
+            B = aux["B"] = m.new_int_var(0, maxp, f"B{i}")
             for t in Ts:
                 m.add(B >= t)
             l2 = []
             for q in range(pm.J - 1):
                 zq = [m.new_bool_var(f"z{i}_{q}_{d}") for d in QUEUE_DEPTHS]
+                aux["z"].append(zq)
                 m.add(sum(zq) == x)
                 for d, z in zip(QUEUE_DEPTHS, zq):
                     m.add(queue_pace(d, pm.slabs) * B - Ls[q + 1] >= 2 * pm.sync).only_enforce_if(z)
@@ -547,7 +588,7 @@ class _Cover:
         # best is a valid bound (no allocation beats it), written so the LP sees it on x
         ub = pm.J * max(maxt, maxl) + (pm.units - 1) * maxt + (pm.J - 1) * pm.sync + int(pm.floor[0])
         base = best - pm.launch
-        E = m.new_int_var(0, max(0, ub - base), f"E{i}")
+        E = aux["E"] = m.new_int_var(0, max(0, ub - base), f"E{i}")
         m.add(E + base * x >= span)
         if int(pm.floor[0]) > base:
             # the DRAM floor, a step function of the SMs used: u_k => used >= floor_at[k]
@@ -557,6 +598,7 @@ class _Cover:
                 if pm.floor[k] >= pm.floor[k - 1]:
                     continue
                 u = m.new_bool_var(f"u{i}_{k}")
+                aux["u"].append((u, int(pm.floor_at[k])))
                 m.add(used >= int(pm.floor_at[k])).only_enforce_if(u)
                 m.add_implication(u, prev)
                 floor_expr -= int(pm.floor[k - 1] - pm.floor[k]) * u
@@ -673,12 +715,38 @@ class _Cover:
                 for j, yj in enumerate(self.sm_vars[k]):
                     h += [(y, int(k in on and int(a) == sms[j]))
                           for a, y in zip(it.pm.allowed[j], yj)]
+                h += self._aux_hint(k, it, k in on)
+        return h
+
+    def _aux_hint(self, k: int, it: Item, on: bool) -> list:
+        """A pipeline item's period, overlap, depth, excess and floor-step variables at its
+        pre-solved best allocation (all zero when the item is off): with them the hint is a
+        complete solution, not one CP-SAT must finish by search (nerf-mlp: its first solution
+        from a hint of candidates and SMs alone was 33% over the optimum, found 1.5 s later)."""
+        aux = self.aux.get(k)
+        if aux is None:
+            return []
+        pm, sms = it.pm, it.best[1]
+        h = [(aux["E"], 0)]
+        period, depths, overlap = pm.at_best(sms) if on else (0, (), 0)
+        if aux["B"] is not None:
+            h.append((aux["B"], int(period)))
+        if aux["M"] is not None:
+            h.append((aux["M"], int(overlap)))
+        for q, zq in enumerate(aux["z"]):
+            h += [(z, int(on and d == depths[q])) for d, z in zip(QUEUE_DEPTHS, zq)]
+        used = sum(sms)
+        h += [(u, int(on and used >= at)) for u, at in aux["u"]]
         return h
 
     def hint_of(self, s):
         h = [(v, int(s.boolean_value(v))) for v in self.x]
         for ys in self.sm_vars.values():
             h += [(y, int(s.boolean_value(y))) for yj in ys for y in yj]
+        for aux in self.aux.values():
+            h += [(aux[n], int(s.value(aux[n]))) for n in ("E", "B", "M") if aux.get(n) is not None]
+            h += [(z, int(s.boolean_value(z))) for zq in aux["z"] for z in zq]
+            h += [(u, int(s.boolean_value(u))) for u, _ in aux["u"]]
         return h
 
 
@@ -701,8 +769,8 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
     n_all = len(items)
     if alternatives == 0:
         items = prune_dominated(items)
+    use_bools = sum(it.pm.sm_bool_count for it in items if it.pm is not None) <= SM_BOOL_LIMIT
     sm_bools = sum(sum(len(a) for a in it.pm.allowed) for it in items if it.pm is not None)
-    use_bools = sm_bools <= SM_BOOL_LIMIT
     cov = _Cover(cands, items, use_bools)
     stats = {"items": n_all, "items_after_pruning": len(items), "sm_booleans": sm_bools if use_bools
              else 0, "pipelines_presolved": not use_bools, "model_build_s": time.perf_counter() - t0}
