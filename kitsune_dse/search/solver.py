@@ -33,7 +33,9 @@ figures are always the exact ones, and model_latency_s / model_dram_bytes keep t
 
 Each stage's allowed SM counts are the ones nearest its balanced count (candidate.choice.sms):
 at most SM_COMBOS ** (1/J) per stage (8 for four stages, 16 for three, 64 for two), SM_COMBOS_SMALL
-** (1/J) for graphs of at most SMALL_ATOMS atoms; a one-stage pipeline may take any count.
+** (1/J) for graphs of at most SMALL_ATOMS atoms. A one-stage pipeline partitions nothing: its
+count changes only its own latency, so it keeps its best one (the most SMs among equally fast
+counts; the CP-SAT / pre-solved switch below still counts its whole table).
 
 Decomposition
 -------------
@@ -44,7 +46,8 @@ changes the optimum: (1) dominance pruning, on each window only candidates not m
 in both latency and bytes by another stay (skipped when alternatives are asked for); (2) a
 valid cut L >= best, written as L = best + E with E >= 0 so that the LP relaxation of the cover
 (an interval matrix) is tight at the root; (3) a warm start, the best cover of pre-solved
-candidates (exact.py's dynamic program) as a full hint. While the remaining SM booleans number
+candidates (exact.py's dynamic program) as a complete hint: candidates, SM counts, and each
+pipeline's period, overlap, depths, excess and floor steps at its pre-solved best. While the remaining SM booleans number
 at most SM_BOOL_LIMIT (small and medium graphs: every zoo model) they enter CP-SAT as above;
 beyond that (large graphs) each pipeline candidate enters as its pre-solved best configuration
 and CP-SAT solves the pure interval cover.
@@ -376,8 +379,9 @@ def model_items(cset: CandidateSet, step: int) -> list[Item]:
 def _one_stage_at_best(pm: PipeModel) -> tuple[PipeModel, tuple]:
     """A one-stage pipeline's model reduced to its best SM count (the most SMs among equally
     fast ones) and that (L, sms, depths)."""
-    L = [pm.evaluate((int(a),)) for a in pm.allowed[0]]
-    lat = np.array([x[0] if x is not None else np.iinfo(np.int64).max for x in L])
+    a = pm.allowed[0]
+    ok, _, _, L = pm._solve([pm.tab[0]], [pm.lat[0]], a <= pm.sm_count, a)
+    lat = np.where(ok, L, np.iinfo(np.int64).max)
     k = int(np.flatnonzero(lat == lat.min())[-1])
     one = replace(pm, allowed=[pm.allowed[0][k:k + 1]], tab=[pm.tab[0][k:k + 1]],
                   lat=[pm.lat[0][k:k + 1]], counts_before=len(pm.allowed[0]))
