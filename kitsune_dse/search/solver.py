@@ -89,8 +89,8 @@ from ortools.sat.python import cp_model
 from kitsune_dse.cost.pipeline import PipelineChoice, dram_floor_s, pipeline, plan_stages
 from kitsune_dse.cost.region import Region, compose_sequential
 from kitsune_dse.errors import InfeasibleError, KitsuneError
-from kitsune_dse.search.candidates import (QUEUE_DEPTHS, Candidate, CandidateSet, _rename,
-                                          check_granularity, queue_pace)
+from kitsune_dse.search.candidates import (QUEUE_DEPTHS, Candidate, CandidateSet, check_granularity,
+                                          queue_pace)
 
 TIME_UNIT_S = 1e-9          # model times: integer nanoseconds
 BYTE_UNIT = 1024            # model bytes: integer KiB
@@ -130,19 +130,17 @@ class SolverResult:
         return tuple(sorted((u for c in self.chosen for u in kernel_units(c)), key=repr))
 
 
-def kernel_units(c: Candidate, rename: dict | None = None) -> tuple:
+def kernel_units(c: Candidate) -> tuple:
     """The kernels a candidate runs: a bsp or fusion region's kernels one by one (a CUDA graph
     each), and so a tilesync or concurrent region of a single kernel (it has nothing to
     overlap: the same kernel, measured within noise of the graph's on the H100 suite); a
     tilesync or concurrent region of several kernels as one unit; a pipeline as its stages,
-    tile and modes (not its SM split or ring depths, which follow from the SMs). `rename` maps
-    the breakdown's names of a window costed as a copy of another onto its own ops."""
+    tile and modes (not its SM split or ring depths, which follow from the SMs). A window costed
+    as a copy of another names the copy's ops until CandidateSet.own gives it its own."""
     if c.strategy == "pipeline" and c.choice is not None:
         ch = c.choice
         return (("pipeline", tuple(tuple(s) for s in ch.stages), ch.tile_rows, tuple(ch.modes)),)
     names = tuple(k["kernel"] for k in (c.estimate.breakdown or {}).get("kernels", ()))
-    if rename:
-        names = tuple(_rename(n, rename) for n in names)
     names = names or ("+".join(c.ops),)
     if c.strategy in ("bsp", "fusion") or len(names) == 1:
         return tuple(("kernel", k) for k in names)
@@ -230,20 +228,9 @@ class PipeModel:
             self._maximal = list(_maximal_depths(self.J, tuple(self.slot_kib), self.budget_kib))
         return self._maximal
 
-    def at_best(self, sms) -> tuple[int, tuple[int, ...], int]:
-        """The integer model's period, depths and least overlap min_j (L_j - T_j) of one
-        allocation (the values of B, z and M that realise it)."""
-        T, Lt = [], []
-        for j, s in enumerate(sms):
-            k = int(np.searchsorted(self.allowed[j], s))
-            T.append(self.tab[j][k:k + 1])
-            Lt.append(self.lat[j][k:k + 1])
-        _, period, D, _ = self._solve(T, Lt, np.array([True]), np.array([sum(sms)]))
-        overlap = int(np.min([lt[0] - t[0] for lt, t in zip(Lt, T)]))
-        return int(np.asarray(period).ravel()[0]), tuple(int(d[0]) for d in D), max(0, overlap)
-
-    def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
-        """(L, depths) of one allocation, None where it is infeasible."""
+    def _tables_at(self, sms):
+        """Per stage, its unit time and unit latency at one allocation (length-1 arrays), or
+        None where a count is not allowed."""
         T, Lt = [], []
         for j, s in enumerate(sms):
             k = int(np.searchsorted(self.allowed[j], s))
@@ -251,6 +238,22 @@ class PipeModel:
                 return None
             T.append(self.tab[j][k:k + 1])
             Lt.append(self.lat[j][k:k + 1])
+        return T, Lt
+
+    def at_best(self, sms) -> tuple[int, tuple[int, ...], int]:
+        """The integer model's period, depths and least overlap min_j (L_j - T_j) of one
+        allocation (the values of B, z and M that realise it)."""
+        T, Lt = self._tables_at(sms)
+        _, period, D, _ = self._solve(T, Lt, np.array([True]), np.array([sum(sms)]))
+        overlap = int(np.min([lt[0] - t[0] for lt, t in zip(Lt, T)]))
+        return int(np.asarray(period).ravel()[0]), tuple(int(d[0]) for d in D), max(0, overlap)
+
+    def evaluate(self, sms) -> tuple[int, tuple[int, ...]] | None:
+        """(L, depths) of one allocation, None where it is infeasible."""
+        tables = self._tables_at(sms)
+        if tables is None:
+            return None
+        T, Lt = tables
         ok = np.array([sum(sms) <= self.sm_count])
         ok, _, D, L = self._solve(T, Lt, ok, np.array([sum(sms)]))
         if not ok[0]:
@@ -852,7 +855,7 @@ def solve(cands: CandidateSet, *, objective="latency", time_limit_s: float = 10.
         users: dict[tuple, list] = {}
         units = []
         for v, it in zip(cov.x, cov.items):
-            units.append(set(kernel_units(it.cand, cands.renames.get(it.cand.span))))
+            units.append(set(kernel_units(cands.own(it.cand))))
             for u in units[-1]:
                 users.setdefault(u, []).append(v)
         alts, nogoods = [], []
