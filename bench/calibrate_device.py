@@ -666,6 +666,23 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             d = fit_pipeline_l2(spec_from_dict(data, name), fit_probes(dram_csvs))
             data["efficiency"] = {**data["efficiency"], **{k: d[k] for k in FIELDS}}
             cal["pipeline_l2_fit"] = {**d, "measurements": [str(c.relative_to(ROOT)) for c in dram_csvs]}
+        sys.path.insert(0, str(ROOT / "bench"))
+        from dram_probe import GEMM_CSVS, gemm_grid_rows, library_grid_rows
+        gemm_csvs = sorted(ROOT.glob(GEMM_CSVS))
+        if gemm_csvs:
+            # a standalone GEMM grid's operand reads, on ncu's bytes of GEMM grids that are not
+            # the suite's: the harness's waves drifting apart, cuBLAS's own grid; DRAM only, so
+            # before the GEMM fits whose times read those bytes
+            from kitsune_dse.calibrate.fit_dram import GRID_FIELDS, fit_grid_reuse, fit_library_read_grid
+            where = [str(c.relative_to(ROOT)) for c in gemm_csvs]
+            if sp is harness:
+                gr = fit_grid_reuse(spec_from_dict(data, name), gemm_grid_rows(gemm_csvs))
+                data["efficiency"] = {**data["efficiency"], **{k: gr[k] for k in GRID_FIELDS}}
+                cal["grid_reuse_fit"] = {**gr, "measurements": where}
+            else:
+                lg = fit_library_read_grid(spec_from_dict(data, name), library_grid_rows(gemm_csvs))
+                data["gemm_read_grids"] = lg["gemm_read_grids"]
+                cal["library_read_grid_fit"] = {**lg, "measurements": where}
         if pipe_ew:
             cal["harness_stage_hbm"] = (f"the harness's persistent-kernel elementwise stage (2 x 256 "
                                         f"threads per SM) fits {pipe_ew['per_sm_Bps'] / 1e9:.3g} GB/s per SM, "

@@ -115,7 +115,15 @@ PROBES = {
 # standalone GEMM grids (fc1 alone, bsp): which operand tiles later waves re-read (cost.gemm_l2)
 GEMM_SHAPES = [(4096, 8192, 8192), (8192, 8192, 4096), (2048, 16384, 8192), (4096, 4096, 16384),
                (16384, 4096, 4096), (1024, 32768, 4096), (8192, 2048, 8192), (3072, 12288, 6144),
-               (8192, 8192, 8192), (2048, 4096, 4096), (16384, 16384, 2048), (6144, 6144, 6144)]
+               (8192, 8192, 8192), (2048, 4096, 4096), (16384, 16384, 2048), (6144, 6144, 6144),
+               # thirteenth session: K at fixed M x N, M at fixed N x K, strides off powers of two
+               (4096, 4096, 2048), (4096, 4096, 4096), (4096, 4096, 8192), (4096, 4096, 12288),
+               (4096, 4096, 24576), (2048, 8192, 4096), (2048, 8192, 16384), (2048, 4096, 8192),
+               (8192, 4096, 8192), (16384, 4096, 8192), (4096, 4224, 8192), (4096, 4096, 8256),
+               (1024, 8192, 24576), (12288, 1024, 12288),
+               # one row-block or one column tile shared by every CTA of a wave (decode-like)
+               (64, 24576, 8192), (64, 32768, 16384), (64, 65536, 4096), (128, 32768, 8192),
+               (256, 16384, 16384), (32768, 128, 8192), (65536, 256, 4096), (16384, 512, 16384)]
 for _m, _n, _k in GEMM_SHAPES:
     PROBES[f"gemm-{_m}x{_n}x{_k}"] = (("gpt3-mlp", {"tokens": _m, "hidden": _k, "ffn": _n}),
                                       [_bsp(["fc1"]), _bsp(["gelu", "fc2", "residual"])])
@@ -150,6 +158,38 @@ def fit_probes(csvs: list[Path]) -> list[dict]:
         out.append({"name": name, "graph": load_model(model, sizes), "choice": choice_from_region(rd),
                     "read_bytes": statistics.median(grp["measured_dram_read_bytes"]),
                     "write_bytes": statistics.median(grp["measured_dram_write_bytes"])})
+    return out
+
+
+GEMM_CSVS = "results/validation/h100/dram_probe/gemm/dram_probe_ncu_*.csv"
+
+
+def gemm_grid_rows(csvs: list[Path]) -> list[dict]:
+    """The harness's standalone GEMM grids (gemm-*, variant plan), median over the CSVs given, as
+    calibrate.fit_dram.fit_grid_reuse wants them."""
+    import pandas as pd
+    d = pd.concat([pd.read_csv(c) for c in csvs])
+    d = d[d["probe"].str.startswith("gemm-") & (d.get("variant", "plan") == "plan")]
+    out = []
+    for name, grp in d.groupby("probe", sort=True):
+        m, n, k = (int(v) for v in name[len("gemm-"):].split("x"))
+        out.append({"m": m, "n": n, "k": k, "read_bytes": float(grp["measured_dram_read_bytes"].median())})
+    return out
+
+
+def library_grid_rows(csvs: list[Path]) -> list[dict]:
+    """The same grids as cuBLAS runs them (variant cublas: the product, then the bias kernel),
+    median over the CSVs given, as calibrate.fit_dram.fit_library_read_grid wants them."""
+    import pandas as pd
+
+    from kitsune_dse.graph import load_model
+    d = pd.concat([pd.read_csv(c) for c in csvs])
+    d = d[d["probe"].str.startswith("gemm-") & (d.get("variant", "plan") == "cublas")]
+    out = []
+    for name, grp in d.groupby("probe", sort=True):
+        (model, sizes), regions = PROBES[name]
+        out.append({"name": name, "graph": load_model(model, sizes), "ops": regions[0]["ops"],
+                    "read_bytes": float(grp["measured_dram_read_bytes"].median())})
     return out
 
 
@@ -243,9 +283,11 @@ def ncu_child(order_path: str) -> None:
     stream.__enter__()
     for m, _, graph, region in _regions():
         def on_range(v, m=m):
-            order.append(m["probe"])
+            order.append([m["probe"], v.name])
             Path(order_path).write_text(json.dumps(order))
-        profile_region(Region(graph, region), region, info, ["plan"], stream, flush, on_range)
+        # a standalone GEMM grid also as cuBLAS runs it (the cublas baselines' reads)
+        variants = ["plan", "cublas"] if m["probe"].startswith("gemm-") else ["plan"]
+        profile_region(Region(graph, region), region, info, variants, stream, flush, on_range)
 
 
 def ncu(out: Path, budget_s: float) -> None:
@@ -257,8 +299,8 @@ def ncu(out: Path, budget_s: float) -> None:
     names, res = ncu_process([str(Path(__file__).resolve()), "--ncu-child", str(order)], log, order, budget_s)
     by = {m["probe"]: m for m in json.loads((PROBES_DIR / "manifest.json").read_text())}
     rows = []
-    for name, r in zip(names, res):
-        rows.append({**by[name], "measured_dram_read_bytes": r.get("dram__bytes_read.sum", float("nan")),
+    for (name, variant), r in zip(names, res):
+        rows.append({**by[name], "variant": variant, "measured_dram_read_bytes": r.get("dram__bytes_read.sum", float("nan")),
                      "measured_dram_write_bytes": r.get("dram__bytes_write.sum", float("nan")),
                      "gpu": env.get("gpu"), "driver": env.get("driver"), "date": env.get("date"),
                      "command": "python3 bench/dram_probe.py --ncu (ncu --clock-control none "
@@ -297,29 +339,40 @@ def run(out: Path, runs: int) -> None:
 
 
 def report(src: Path) -> None:
-    """The measured CSV beside the model's current prediction of each probe."""
+    """The measured CSV beside the model's current prediction of each probe (a GEMM grid's cublas
+    row: the region priced as the cublas baseline, with the cuBLAS spec)."""
     import pandas as pd
 
+    from kitsune_dse.cost.region import Region as CRegion
+    from kitsune_dse.cost.strategies import LaunchChoice, library_bsp
     from kitsune_dse.graph import load_model
     from kitsune_dse.hw import load_spec
     from kitsune_dse.report.plan import evaluate_plan
     spec = load_spec(str(SPEC))
+    cspec = load_spec(str(ROOT / "hw_specs/h100-sxm-cublas.calibrated.yaml"))
     d = pd.read_csv(src / "dram_probe_ncu.csv" if src.is_dir() else src)
+    if "variant" not in d:
+        d["variant"] = "plan"
     cur = {}
-    for name, ((model, sizes), _) in PROBES.items():
+    for name, ((model, sizes), regions) in PROBES.items():
         f = PROBES_DIR / f"{name}.json"
         if not f.exists():
             continue
         plan = json.loads(f.read_text())
         graph = load_model(model, sizes)
         new = evaluate_plan({k: v for k, v in plan.items() if k != "predicted"}, graph, spec, where=name)
-        r = new["regions"][probed_region(PROBES[name][1])]
-        cur[name] = (r["predicted"]["dram_read_bytes"], r["predicted"]["dram_write_bytes"])
-    print(f"{'probe':28s} {'meas R':>8s} {'pred R':>8s} {'err':>6s} {'meas W':>8s} {'pred W':>8s} {'err':>6s}  (MB)")
+        r = new["regions"][probed_region(regions)]
+        cur[name, "plan"] = (r["predicted"]["dram_read_bytes"], r["predicted"]["dram_write_bytes"])
+        if name.startswith("gemm-"):
+            e = library_bsp(CRegion.of(graph, r["ops"]), spec, LaunchChoice("eager"), library_spec=cspec)
+            cur[name, "cublas"] = (e.dram_read_bytes, e.dram_write_bytes)
+    print(f"{'probe':34s} {'meas R':>8s} {'pred R':>8s} {'err':>6s} {'meas W':>8s} {'pred W':>8s} {'err':>6s}  (MB)")
     for _, r in d.iterrows():
-        pr, pw = cur.get(r["probe"], (r["predicted_dram_read_bytes"], r["predicted_dram_write_bytes"]))
+        v = r["variant"] if isinstance(r["variant"], str) else "plan"
+        pr, pw = cur.get((r["probe"], v), (r["predicted_dram_read_bytes"], r["predicted_dram_write_bytes"]))
         mr, mw = r["measured_dram_read_bytes"], r["measured_dram_write_bytes"]
-        print(f"{r['probe']:28s} {mr / 1e6:8.1f} {pr / 1e6:8.1f} {100 * (pr / mr - 1):+5.0f}% "
+        label = r["probe"] + ("" if v == "plan" else f" [{v}]")
+        print(f"{label:34s} {mr / 1e6:8.1f} {pr / 1e6:8.1f} {100 * (pr / mr - 1):+5.0f}% "
               f"{mw / 1e6:8.1f} {pw / 1e6:8.1f} {100 * (pw / mw - 1):+5.0f}%")
 
 

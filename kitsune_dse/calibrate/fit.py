@@ -393,13 +393,13 @@ def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp1
     the result written once), as a bsp kernel is priced: the roofline of the best CTA tile the
     spec's GEMM library offers, plus the per-kernel fixed cost and (one kernel timed alone) the
     launch latency."""
-    from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, grid_reads
+    from kitsune_dse.cost.gemm_l2 import operand_reads
     from kitsune_dse.cost.roofline import KernelWork, best_gemm_tile, gemm_tiles, split_k_partials_bytes
     nbytes = DTYPE_BYTES[dtype]
 
     def make(tile, ks):
         # operands read from DRAM as kernel_works prices a GEMM: again where later waves miss L2
-        reads = (sum(grid_reads(m, n, k, tile[0], tile[1], nbytes, WAVE_CTAS, spec.l2_usable_bytes))
+        reads = (sum(operand_reads(spec, m, n, k, tile, nbytes))
                  if ks == 1 else (m * k + k * n) * nbytes)
         return KernelWork(name="gemm", dtype=dtype, tensor_flops=2.0 * m * n * k,
                           dram_read_bytes=float(reads),

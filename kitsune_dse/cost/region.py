@@ -26,7 +26,7 @@ from functools import cached_property
 
 import numpy as np
 
-from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, grid_reads
+from kitsune_dse.cost.gemm_l2 import operand_reads
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
                                        gemm_tile_options, gemm_tiles, simt_flops, split_k_partials_bytes)
@@ -242,8 +242,7 @@ def grid_reread_bytes(gd, tile, split_k: int, elem_bytes: int, cold: str, spec: 
     (cost.gemm_l2), for the operands ("a", "b") that start in DRAM."""
     if not cold or gd.batch != 1 or split_k != 1:
         return 0.0
-    ar, br = grid_reads(gd.m, gd.n, gd.k, tile[0], tile[1], elem_bytes, WAVE_CTAS,
-                        spec.l2_usable_bytes)
+    ar, br = operand_reads(spec, gd.m, gd.n, gd.k, tile, elem_bytes)
     return (max(0.0, ar - gd.m * gd.k * elem_bytes) if "a" in cold else 0.0) + \
         (max(0.0, br - gd.k * gd.n * elem_bytes) if "b" in cold else 0.0)
 

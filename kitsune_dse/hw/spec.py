@@ -96,6 +96,24 @@ class Efficiency(_Strict):
                                   # weights a pipeline keeps in L2: per row-block it reads this x
                                   # their share of the L2 x the write-back fraction of them again
                                   # (evicted beside the rings; bench/dram_probe.py wb*-: 0.30-0.41)
+    # a standalone GEMM grid's operand tiles (cost.gemm_l2; fitted to ncu's bytes of 26 GEMM grids,
+    # bench/dram_probe.py gemm-*): the defaults are waves in lockstep and a hard L2 threshold
+    grid_reuse_center: Annotated[float, Field(gt=0, le=8, allow_inf_nan=False)] = 1.0
+                                  # a tile a later wave reads again hits L2 when the bytes touched
+                                  # since its last use are below this x the usable L2 ...
+    grid_reuse_halfwidth: Annotated[float, Field(ge=0, le=8, allow_inf_nan=False)] = 0.0
+                                  # ... with a ramp this half-width (x usable L2) that widens as the
+                                  # waves drift apart (grid_desync_exponent), to one wave's bytes
+    grid_drift_miss: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+                                  # a tile shared by CTAs of one wave: share of its further uses
+                                  # that miss L2 when the wave's operand bytes equal the usable L2
+                                  # (the CTAs drift apart along K) ...
+    grid_drift_exponent: Annotated[float, Field(ge=0, le=6, allow_inf_nan=False)] = 2.0
+                                  # ... growing as (wave's operand bytes / usable L2)^this ...
+    grid_drift_sharers: Annotated[float, Field(ge=1, le=1e4, allow_inf_nan=False)] = 16.0
+                                  # ... of at most this many further uses of one tile ...
+    grid_desync_exponent: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 0.5
+                                  # ... and as (wave index + 1)^this (0.5: a random walk)
 
     @model_validator(mode="after")
     def _writeback_ramp(self):
@@ -110,7 +128,8 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_onset", "l2_writeback_full",
-                   "l2_resident_reread"}
+                   "l2_resident_reread", "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
+                   "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
                     "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team",
                     "l2_weight_share", "l2_writeback_onset", "l2_writeback_full"}
@@ -237,6 +256,14 @@ class HwSpec(_Strict):
                                                 # how the GEMM library picks tile and split-K:
                                                 # the fastest of gemm_tile_shapes x SPLIT_K, or the
                                                 # validation harness's fixed rule (its kernels)
+    gemm_read_grids: list[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)],
+                                Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] | None = None
+                                                # (up to M rows, tile rows, tile cols, CTAs per
+                                                # wave): the grid a library's standalone GEMM of M
+                                                # rows reads its operands with (cost.gemm_l2; the
+                                                # first whose bound holds M), where its kernels are
+                                                # not the priced tile (cuBLAS: fitted to ncu's
+                                                # bytes); None: the priced tile, WAVE_CTAS a wave
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
     launch_latency_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
