@@ -510,6 +510,7 @@ def l2_refit(raw: dict, p: float) -> dict:
 ONE_PARAMETER_FITS = [
     ("gemm epilogue", "fit_transcendental", "transcendental_flops", "transcendental_fit", ("mmrelu", "mmbias")),
     ("gemm epilogue input", "fit_epilogue_input", "epilogue_input_s", "epilogue_input_fit", ("matmul",)),
+    ("gemm epilogue bias", "fit_epilogue_vector", "epilogue_vector_s", "epilogue_vector_fit", ("matmul", "mmbias")),
     ("concat", "fit_concat_stream", "persistent_concat_sm_stream_Bps", "concat_fit"),
     ("ring pair", "fit_ring_handoff", "ring_handoff_s", "ring_handoff_fit"),
     ("ring pair row", "fit_row_load", "persistent_row_load_slowdown", "row_load_fit"),
@@ -722,7 +723,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
         if sp is harness:   # one spec field each, fitted through the model in this order
-            for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[:2]:
+            for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[:3]:
                 _fit_one_field(raw, label, fit_fn, field, key, data, cal, name, *ref)
         if sp is harness and raw.get("epilogue_rows"):
             # the same epilogues in standalone fused kernels (bench/epilogue_probe.py)
@@ -743,7 +744,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["persistent_row_item_fixed_s"] = rf["item_fixed_s"]
             cal["row_op_fit"] = rf
         if sp is harness:
-            for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[2:]:
+            for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[3:]:
                 _fit_one_field(raw, label, fit_fn, field, key, data, cal, name, *ref)
         probes = [r for r in raw.get("tilesync_probe_rows", []) if r.get("plain_s") and r.get("both_s")]
         if sp is harness and probes:

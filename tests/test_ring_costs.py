@@ -163,12 +163,30 @@ def test_fit_row_load_recovers_the_truth():
 def test_a_residual_read_in_the_epilogue_costs_its_tiles_a_wait():
     from kitsune_dse.cost.pipeline import _epilogue_inputs
     g, _ = case_model("mmadd", "fp16", (16384, 1024, 256))
-    assert _epilogue_inputs(g, ("mm", "res"), g.op("mm").info.gemm) == 1
+    assert _epilogue_inputs(g, ("mm", "res"), g.op("mm").info.gemm) == (1, 0)
     g2, _ = case_model("mmrelu", "fp16", (16384, 1024, 256))
-    assert _epilogue_inputs(g2, ("mm", "act"), g2.op("mm").info.gemm) == 0
+    assert _epilogue_inputs(g2, ("mm", "act"), g2.op("mm").info.gemm) == (0, 0)
+    g3, _ = case_model("mmbias", "fp16", (16384, 1024, 256))
+    assert _epilogue_inputs(g3, tuple(o.name for o in g3.ops), g3.op("mm").info.gemm) == (0, 1)
     # 1024 output tiles on 132 SMs, compute bound: each SM's 8 tiles (ceil(1024 / 132)) wait
     # the epilogue's loads once each
     sp = CAL.model_copy(update={"epilogue_input_s": 0.0})
     t0 = one_stage_time(sp, "mmadd", (16384, 1024, 256), 132)
     t1 = one_stage_time(sp.model_copy(update={"epilogue_input_s": 2e-6}), "mmadd", (16384, 1024, 256), 132)
     assert t1 - t0 == pytest.approx(8 * 2e-6, rel=0.2)
+    # not hidden under the operand feed or the DRAM stream: the same wait on a feed-bound step
+    # (4096^3 on 132 SMs: 1024 tiles, 8 a busiest SM)
+    t0 = one_stage_time(sp, "mmadd", (4096, 4096, 4096), 132)
+    t1 = one_stage_time(sp.model_copy(update={"epilogue_input_s": 2e-6}), "mmadd", (4096, 4096, 4096), 132)
+    assert t1 - t0 == pytest.approx(8 * 2e-6, rel=0.2)
+
+
+def test_a_bias_read_in_the_epilogue_costs_its_tiles_a_wait():
+    # 16384 x 1024 x 256: 1024 tiles of 128 columns, 8 on the busiest SM; a bias vector each
+    sp = CAL.model_copy(update={"epilogue_vector_s": 0.0})
+    t0 = one_stage_time(sp, "mmbias", (16384, 1024, 256), 132)
+    t1 = one_stage_time(sp.model_copy(update={"epilogue_vector_s": 1e-6}), "mmbias", (16384, 1024, 256), 132)
+    assert t1 - t0 == pytest.approx(8 * 1e-6, rel=0.2)
+    # a GEMM without one pays nothing for it
+    assert one_stage_time(sp, "matmul", (16384, 1024, 256), 132) == \
+        one_stage_time(sp.model_copy(update={"epilogue_vector_s": 1e-6}), "matmul", (16384, 1024, 256), 132)

@@ -294,6 +294,18 @@ def fit_standalone_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
                     lambda sp, r: fused_time(sp, r["kind"], r["dims"]), refs=EPILOGUE_REFS)
 
 
+def fit_epilogue_vector(spec: HwSpec, rows: list[dict]) -> dict:
+    """Per tile (128 columns) and vector a persistent GEMM's epilogue reads (a bias): one-stage
+    GEMMs with a bias, each on its increment over the same GEMM without (cases with no such
+    reference are left out: their total would carry the GEMM fit's own residual)."""
+    keys = {_case_key(r) for r in rows if r["kind"] == "matmul"}
+    rows = [r for r in rows if r["kind"] == "matmul" or (r["kind"] == "mmbias" and _case_key(r) in keys)]
+    if not any(r["kind"] == "mmbias" for r in rows):
+        raise ValueError("no GEMM with a bias beside the same GEMM without")
+    return _fit_one(spec, rows, "epilogue_vector_s", 1e-6, 0.5, 0.0, 50.0,
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs={"mmbias": "matmul"})
+
+
 def fit_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
     """Per tile and full input a persistent GEMM's epilogue reads (a residual add): one-stage
     GEMMs with one, of four shapes, each on its increment over the same GEMM without."""

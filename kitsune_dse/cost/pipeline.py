@@ -236,13 +236,14 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
     simt = simt_total / units * k
     rr = {} if not reread else {**reread, "weight_pass_bytes": reread["weight_pass_bytes"] / units * k}
     if gemm is not None:
-        dtype, gd, dual, epilogue_inputs = gemm
+        dtype, gd, dual, epilogue_inputs, epilogue_vectors = gemm
         tile = pipe_tile(tile_rows)
         per = row_blocks if k_streamed else units
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
-                          gemm_n=gd.n, epilogue_inputs=epilogue_inputs, **rr)
+                          gemm_n=gd.n, epilogue_inputs=epilogue_inputs, epilogue_vectors=epilogue_vectors,
+                          **rr)
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
                       row_op=row_op, concat=concat, **rr)
@@ -268,7 +269,7 @@ def _atom_facts(g, spec: HwSpec, atom):
         gd = gi.gemm
         # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
         gemm = (g.tensors[g.op(o).inputs[0]].dtype, gd, sum(1 for _, i in gemms if i.gemm == gd),
-                _epilogue_inputs(g, atom, gd))
+                *_epilogue_inputs(g, atom, gd))
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     # (narrow rows stream as fast per byte as wide ones: softmax of 1024 and of 4096 columns
     # within 2% at 68 SMs once the runtime stopped visiting others' row-blocks, harness v4)
@@ -279,13 +280,17 @@ def _atom_facts(g, spec: HwSpec, atom):
     return hit
 
 
-def _epilogue_inputs(g, atom, gd) -> int:
-    """Full [rows, cols] tensors a GEMM group's epilogue reads from outside the group (a
-    residual; not a bias vector)."""
+def _epilogue_inputs(g, atom, gd) -> tuple[int, int]:
+    """(full [rows, cols] tensors, vectors) a GEMM group's epilogue reads from outside the group:
+    a residual; a bias (the GEMM's own or an elementwise op's one-row operand)."""
     made = {t for o in atom for t in g.op(o).outputs}
     full = gd.batch * gd.m * gd.n
-    return len({t for o in atom if g.op(o).info.gemm is None for t in g.op(o).inputs
-                if t not in made and len(g.tensors[t].shape) >= 2 and g.tensors[t].numel >= full})
+    outside = {t for o in atom for t in g.op(o).inputs[(2 if g.op(o).info.gemm is not None else 0):]
+               if t not in made}
+    n_full = len({t for t in outside if len(g.tensors[t].shape) >= 2 and g.tensors[t].numel >= full})
+    n_vec = len({t for t in outside if g.tensors[t].numel < full and g.tensors[t].numel <= gd.n * gd.batch
+                 and g.tensors[t].numel > 1})
+    return n_full, n_vec
 
 
 def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:

@@ -47,6 +47,7 @@ class KernelWork:
     row_op: bool = False           # reduces over rows (softmax, norms): a persistent step's own stream rate
     epilogue_inputs: int = 0       # GEMM step: full [rows, cols] inputs its epilogue reads (a
                                    # residual): each tile waits out their loads
+    epilogue_vectors: int = 0      # GEMM step: vectors its epilogue reads (a bias), likewise
     concat: bool = False           # concatenates (a persistent step's own stream rate, through its SMs)
     weight_pass_bytes: float = 0.0
     grid_reread_bytes: float = 0.0  # of dram_read_bytes: operand tiles later waves of this tile's
@@ -157,7 +158,8 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     ov = 1.0 - _overlap(work, spec)
     ramp = _ramp(work, spec)
     # the operand feed caps the step (its loads overlap the math and the DRAM stream they carry)
-    lat = np.maximum(np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2), feed) + ramp
+    lat = np.maximum(np.maximum(np.maximum(compute, dram) + ov * np.minimum(compute, dram), l2), feed) + ramp \
+        + per_sm * _epilogue_s(work, spec)
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves, feed = (float(x) for x in (lat, compute, dram, l2, waves, feed))
     if parts:
@@ -305,7 +307,8 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
     ov = 1.0 - _overlap(work, spec)
-    return max(max(compute, dram) + ov * min(compute, dram), l2, feed) + _ramp(work, spec)
+    return max(max(compute, dram) + ov * min(compute, dram), l2, feed) + _ramp(work, spec) \
+        + busiest * _epilogue_s(work, spec)
 
 
 # Calibrated on the persistent runtime's GEMM steps (one-stage pipelines of several shapes): their
@@ -363,8 +366,7 @@ def _tile_fixed(work: KernelWork, spec: HwSpec, used=None):
         # Traced: gpt3 t64's split_k consumer took 346 us for its last K range (77 slabs) after
         # the producer ended, 1.8x the same GEMM's time per K step without the waits
         polls = work.slab_polls * spec.sync_latency_s / max(1, work.ctas_per_sm)
-        fixed = (_loaded_tile_fixed(work, spec, used) + work.epilogue_inputs * spec.epilogue_input_s) \
-            * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
+        fixed = _loaded_tile_fixed(work, spec, used) * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
         return fixed / max(1, work.split_k) + polls
     return spec.gemm_standalone_tile_fixed_s * work.tile_shape[0] * work.tile_shape[1] / (128 * 128)
 
@@ -385,6 +387,19 @@ def _loaded_tile_fixed(work: KernelWork, spec: HwSpec, used):
         share = np.minimum(1.0, np.maximum(used, work.feed_sms) / spec.sm_count)
     out = idle + (full - idle) * share
     return float(out) if np.ndim(out) == 0 else out
+
+
+def _epilogue_s(work: KernelWork, spec: HwSpec) -> float:
+    """Per output tile of a persistent GEMM step, what its epilogue's inputs cost its team: a
+    full-tile input (a residual, per 128x128 of area) and a vector (a bias, per 128 columns),
+    loads the team waits for after its main loop, which neither the operand feed nor the DRAM
+    stream hides (one-stage probes at 132 SMs: a residual added 4-5.5 us per tile on the busiest
+    SM, a bias 0.3-0.9, whatever the step's bound)."""
+    if not (work.persistent and _is_gemm(work) and (work.epilogue_inputs or work.epilogue_vectors)):
+        return 0.0
+    bm, bn = work.tile_shape
+    return (work.epilogue_inputs * spec.epilogue_input_s * bm * bn / (128 * 128)
+            + work.epilogue_vectors * spec.epilogue_vector_s * bn / 128) / max(1, work.split_k)
 
 
 def _ramp(work: KernelWork, spec: HwSpec) -> float:

@@ -190,6 +190,9 @@ class HwSpec(_Strict):
                                                 # full input its epilogue reads (a residual): the
                                                 # loads' latency the tile waits out (calibrated on
                                                 # GEMMs with and without a residual add)
+    epilogue_vector_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # the same per 128 columns and vector it reads
+                                                # (a bias; calibrated on GEMMs with and without)
     transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # SIMT FLOP-equivalents of one special-function
                                                 # evaluation (a GELU's tanh, a SiLU's exp) in a
