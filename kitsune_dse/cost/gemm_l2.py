@@ -11,8 +11,8 @@ tile it holds, so a tile's slice is reused one full wave of traffic later); othe
 read from DRAM again. This is the residency rule of
 cost.region (size plus what happens in between must fit), at the grain of a wave.
 
-Waves do not run in lockstep (ncu on 26 GEMM grids, bench/dram_probe.py gemm-*: lockstep's
-reads were off by -33..+25%). Their CTAs drift apart along K, more with each wave (as a random
+Waves do not run in lockstep (ncu on 34 GEMM grids, bench/dram_probe.py gemm-*: lockstep's
+reads were off by -33..+33%, 9.8% MAPE; with the fitted drift 3.1%). Their CTAs drift apart along K, more with each wave (as a random
 walk: (wave + 1)^desync_exponent), which does two things the spec's `grid_*` fields describe:
   * a tile shared by CTAs of one wave is fetched again by a CTA that reaches its slice after
     L2 has dropped it: a share of its further uses that grows with the wave's operand bytes
