@@ -1,0 +1,151 @@
+"""Does the SM clock depend on how many SMs run tensor-core work? The harness's one-stage
+persistent GEMM (4096^3, the calibration's SM sweep) run back to back for a few seconds on 132,
+99, 66, 33 and 16 SMs, and cuBLAS's 8192^3 on the whole chip, while nvidia-smi samples the SM
+clock, the power draw and the clock-event reasons every 50 ms (read only: nothing is set).
+
+    here:    python bench/clock_probe.py --precompile
+    device:  python3 bench/clock_probe.py --out $OUT [--seconds 3]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+if (ROOT / "bench/.cubin_cache").is_dir():
+    os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
+
+DIMS = (4096, 4096, 4096)
+SMS = (132, 99, 66, 33, 16)
+QUERY = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active,temperature.gpu"
+
+
+def variants(info):
+    from calibrate_device import pipe_region
+
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.runtime import PipelineVariant, Tensors
+    out = []
+    for sms in SMS:
+        g, region = pipe_region("matmul", DIMS, sms)
+        reg = Region(g, region)
+        out.append((sms, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0)))
+    return out
+
+
+def sampler(path: Path):
+    return subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                             "-lms", "50", "-f", str(path)])
+
+
+def run(out: Path, seconds: float) -> None:
+    import cupy as cp
+
+    from kitsune_dse.validate.runtime import gpu_info
+    info, env = gpu_info()
+    out.mkdir(parents=True, exist_ok=True)
+    smi = out / "clock_samples.csv"
+    proc = sampler(smi)
+    time.sleep(1.0)
+    stream = cp.cuda.Stream(non_blocking=True)
+    windows = []
+
+    def loop(label, step, sms):
+        step()
+        stream.synchronize()
+        t0 = time.time()
+        ev0, ev1 = cp.cuda.Event(), cp.cuda.Event()
+        n = 0
+        ev0.record(stream)
+        while time.time() - t0 < seconds:
+            for _ in range(20):
+                step()
+            n += 20
+            stream.synchronize()
+        ev1.record(stream)
+        ev1.synchronize()
+        gpu_s = cp.cuda.get_elapsed_time(ev0, ev1) * 1e-3
+        windows.append({"label": label, "sms": sms, "start": t0, "end": time.time(), "runs": n,
+                        "per_run_s": gpu_s / n})
+        print(f"{label}: {n} runs, {gpu_s / n * 1e6:.1f} us a run", flush=True)
+        time.sleep(1.0)     # an idle gap between cases in the samples
+
+    with stream:
+        for sms, v in variants(info):
+            v.prepare()
+            v.pre(False)
+            loop(f"persistent 4096^3 on {sms} SMs", lambda v=v: (v.pre(False), v.run(stream)), sms)
+            v.tensors.arrays.clear()
+            cp.get_default_memory_pool().free_all_blocks()
+        a = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
+        b = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
+        loop("cuBLAS 8192^3 on the whole chip", lambda: a @ b, 132)
+    time.sleep(0.5)
+    proc.terminate()
+    proc.wait()
+    rows = []
+    for line in smi.read_text().splitlines():
+        parts = [p.strip() for p in line.split(",")]
+        if len(parts) < 5:
+            continue
+        try:
+            ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + \
+                float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0.0
+            rows.append({"t": ts, "sm_mhz": float(parts[1]), "power_w": float(parts[2]), "reasons": parts[3],
+                         "temp_c": float(parts[4])})
+        except ValueError:
+            continue
+    # nvidia-smi's timestamps are local time: align by the offset between its clock and ours
+    summary = []
+    for w in windows:
+        inside = [r for r in rows if w["start"] + 0.3 <= r["t"] + _offset(rows, windows) <= w["end"]]
+        mhz = sorted(r["sm_mhz"] for r in inside)
+        pw = sorted(r["power_w"] for r in inside)
+        summary.append({**w, "samples": len(inside), "sm_mhz_median": mhz[len(mhz) // 2] if mhz else None,
+                        "sm_mhz_min": mhz[0] if mhz else None, "power_w_median": pw[len(pw) // 2] if pw else None,
+                        "reasons": sorted({r["reasons"] for r in inside})})
+    (out / "clock_probe.json").write_text(json.dumps(
+        {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "seconds": seconds,
+         "command": " ".join(["python3"] + sys.argv), "query": QUERY, "windows": summary}, indent=1))
+    print(f"{'case':36s} {'us/run':>8s} {'MHz':>6s} {'min':>6s} {'W':>6s}  reasons")
+    for s in summary:
+        print(f"{s['label']:36s} {s['per_run_s'] * 1e6:8.1f} {s['sm_mhz_median'] or 0:6.0f} "
+              f"{s['sm_mhz_min'] or 0:6.0f} {s['power_w_median'] or 0:6.0f}  {' '.join(s['reasons'])}")
+
+
+def _offset(rows, windows) -> float:
+    """Seconds to add to nvidia-smi's timestamps to put them on time.time()'s clock: both read the
+    same machine's clock; nvidia-smi prints local time, which mktime reads as local too."""
+    return 0.0
+
+
+def precompile() -> None:
+    from precompile import compile_one
+
+    from kitsune_dse.validate.plan import DeviceInfo
+    info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+    for s in dict.fromkeys(v.build() for _, v in variants(info)):
+        print(compile_one(s, "sm_90", ROOT / "bench/.cubin_cache")[:200], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
+    ap.add_argument("--seconds", type=float, default=3.0)
+    ap.add_argument("--precompile", action="store_true")
+    a = ap.parse_args()
+    if a.precompile:
+        precompile()
+        return
+    run(Path(a.out), a.seconds)
+
+
+if __name__ == "__main__":
+    main()
