@@ -459,3 +459,26 @@ def test_kernel_compiler_note_warns_only_after_an_nvrtc_compile(monkeypatch):
     monkeypatch.setattr(runtime, "MODULES_BY_COMPILER", {"nvcc cubin": 3, "NVRTC": 2})
     note = runtime.kernel_compiler_note()
     assert note.startswith("2 kernel module(s) compiled here by NVRTC") and "KDSE_CUBIN_CACHE" in note
+
+
+def test_the_check_tolerance_grows_with_the_roundings_on_the_path():
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.lower import Region as VRegion
+    from kitsune_dse.validate.reference import REF_DEPTH, TOLERANCE, rounding_depth, tolerance
+
+    def depths(name):
+        g = load_model(name)
+        reg = VRegion(g, {"id": 0, "strategy": "bsp", "ops": [o.name for o in g.ops]})
+        return {t: rounding_depth(reg, t) for t in reg.outputs}
+    # an MLP block rounds four times: fc1, gelu, fc2, residual add; the tolerance is the base one
+    assert depths("gpt3-mlp") == {"y": REF_DEPTH}
+    assert tolerance("fp16", REF_DEPTH) == TOLERANCE["fp16"]
+    # NeRF: eight trunk layers and their ReLUs (exact), the feature and view layers, the sigmoid;
+    # the skip and direction concatenations are exact too
+    assert depths("nerf-mlp") == {"sigma": 9, "rgb": 12}
+    assert tolerance("fp16", 12) == pytest.approx(1e-2 * 3 ** 0.5)
+    # never below the base, whatever the depth
+    assert tolerance("bf16", 1) == TOLERANCE["bf16"]
+    # a region's own ops only: its inputs arrive rounded once, as stored
+    g = load_model("gpt3-mlp")
+    assert rounding_depth(VRegion(g, {"id": 1, "strategy": "bsp", "ops": ["fc2", "residual"]}), "y") == 2

@@ -58,7 +58,7 @@ def _fill_inputs(reg, tensors, roles):
 
 def check_variant(v, reg, tensors, roles, stream, checks: int = 2) -> dict:
     """`checks` runs on fresh random inputs with poisoned outputs; the worst error wins."""
-    from kitsune_dse.validate.reference import compare, reference, to_logical
+    from kitsune_dse.validate.reference import compare, reference, rounding_depth, to_logical
     worst = {"rel_err": 0.0, "max_rel_err": 0.0, "correct": True, "checks": 0}
     for _ in range(checks):
         _fill_inputs(reg, tensors, roles)
@@ -68,7 +68,7 @@ def check_variant(v, reg, tensors, roles, stream, checks: int = 2) -> dict:
         v.after()
         ref = reference(reg, {t: tensors.get(t) for t in reg.inputs})
         for t, out in v.outputs().items():
-            c = compare(to_logical(reg, t, out), ref[t], reg.dtype)
+            c = compare(to_logical(reg, t, out), ref[t], reg.dtype, rounding_depth(reg, t))
             worst["rel_err"] = max(worst["rel_err"], c["rel_err"])
             worst["max_rel_err"] = max(worst["max_rel_err"], c["max_rel_err"])
             worst["correct"] = worst["correct"] and c["correct"]
@@ -131,7 +131,7 @@ def validate_plan_e2e(plan_or_path, runs: int = 30, warmup: int = 3, timeout_s: 
     from kitsune_dse.graph import load_model
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.reference import compare, input_roles, reference, to_logical
+    from kitsune_dse.validate.reference import compare, input_roles, reference, rounding_depth, to_logical
     from kitsune_dse.validate.runtime import Tensors, gpu_info, make_variants
 
     plan = load_plan(plan_or_path) if not isinstance(plan_or_path, dict) else plan_or_path
@@ -191,7 +191,7 @@ def validate_plan_e2e(plan_or_path, runs: int = 30, warmup: int = 3, timeout_s: 
                 after()
                 ref = reference(whole, {t: inputs_t.get(t) for t in ins})
                 for t in whole.outputs:
-                    c = compare(to_logical(whole, t, store[t]), ref[t], whole.dtype)
+                    c = compare(to_logical(whole, t, store[t]), ref[t], whole.dtype, rounding_depth(whole, t))
                     worst["rel_err"] = max(worst["rel_err"], c["rel_err"])
                     worst["max_rel_err"] = max(worst["max_rel_err"], c["max_rel_err"])
                     worst["correct"] = worst["correct"] and c["correct"]
@@ -213,7 +213,7 @@ def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, v
                       checks, warm, console, plan_name, date, command, tnotes, ncu_bytes, kernel_times=False):
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.measure import time_runs
-    from kitsune_dse.validate.reference import compare, input_roles, to_logical
+    from kitsune_dse.validate.reference import compare, input_roles, rounding_depth, to_logical
     from kitsune_dse.validate.runtime import Tensors, make_variants
     rows: list[dict] = []
     whole = whole_region(graph) if len(plan["regions"]) > 1 else None
@@ -246,7 +246,7 @@ def _validate_regions(plan, graph, info, extra, stream, flusher, runs, warmup, v
                 t_warm = time_runs(v.run, v.pre, v.after, stream, runs, 1, None, host_start=host) if warm else None
                 # the last timed run, on the last check's inputs, must be right too
                 for t, out in v.outputs().items():
-                    c = compare(to_logical(reg, t, out), ref[t], reg.dtype)
+                    c = compare(to_logical(reg, t, out), ref[t], reg.dtype, rounding_depth(reg, t))
                     chk["rel_err"] = max(chk["rel_err"], c["rel_err"])
                     chk["max_rel_err"] = max(chk["max_rel_err"], c["max_rel_err"])
                     chk["correct"] = chk["correct"] and c["correct"]
