@@ -93,19 +93,17 @@ def run(out: Path, seconds: float) -> None:
     rows = []
     for line in smi.read_text().splitlines():
         parts = [p.strip() for p in line.split(",")]
-        if len(parts) < 5:
-            continue
         try:
-            ts = time.mktime(time.strptime(parts[0].split(".")[0], "%Y/%m/%d %H:%M:%S")) + \
-                float("0." + parts[0].split(".")[1]) if "." in parts[0] else 0.0
+            # nvidia-smi prints this machine's local time, which mktime reads back on time()'s clock
+            stamp, frac = (parts[0].split(".") + ["0"])[:2]
+            ts = time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac)
             rows.append({"t": ts, "sm_mhz": float(parts[1]), "power_w": float(parts[2]), "reasons": parts[3],
                          "temp_c": float(parts[4])})
-        except ValueError:
+        except (ValueError, IndexError):
             continue
-    # nvidia-smi's timestamps are local time: align by the offset between its clock and ours
     summary = []
     for w in windows:
-        inside = [r for r in rows if w["start"] + 0.3 <= r["t"] + _offset(rows, windows) <= w["end"]]
+        inside = [r for r in rows if w["start"] + 0.3 <= r["t"] <= w["end"]]
         mhz = sorted(r["sm_mhz"] for r in inside)
         pw = sorted(r["power_w"] for r in inside)
         summary.append({**w, "samples": len(inside), "sm_mhz_median": mhz[len(mhz) // 2] if mhz else None,
@@ -118,12 +116,6 @@ def run(out: Path, seconds: float) -> None:
     for s in summary:
         print(f"{s['label']:36s} {s['per_run_s'] * 1e6:8.1f} {s['sm_mhz_median'] or 0:6.0f} "
               f"{s['sm_mhz_min'] or 0:6.0f} {s['power_w_median'] or 0:6.0f}  {' '.join(s['reasons'])}")
-
-
-def _offset(rows, windows) -> float:
-    """Seconds to add to nvidia-smi's timestamps to put them on time.time()'s clock: both read the
-    same machine's clock; nvidia-smi prints local time, which mktime reads as local too."""
-    return 0.0
 
 
 def precompile() -> None:

@@ -164,32 +164,34 @@ def fit_probes(csvs: list[Path]) -> list[dict]:
 GEMM_CSVS = "results/validation/h100/dram_probe/gemm/dram_probe_ncu_*.csv"
 
 
-def gemm_grid_rows(csvs: list[Path]) -> list[dict]:
-    """The harness's standalone GEMM grids (gemm-*, variant plan), median over the CSVs given, as
-    calibrate.fit_dram.fit_grid_reuse wants them."""
+def _gemm_read_medians(csvs: list[Path], variant: str) -> dict[str, float]:
+    """Each standalone GEMM grid's (gemm-*) measured DRAM read bytes as `variant` ran it, median
+    over the CSVs given."""
     import pandas as pd
     d = pd.concat([pd.read_csv(c) for c in csvs])
-    d = d[d["probe"].str.startswith("gemm-") & (d.get("variant", "plan") == "plan")]
+    d = d[d["probe"].str.startswith("gemm-") & (d.get("variant", "plan") == variant)]
+    return {name: float(grp["measured_dram_read_bytes"].median()) for name, grp in d.groupby("probe", sort=True)}
+
+
+def gemm_grid_rows(csvs: list[Path]) -> list[dict]:
+    """The harness's standalone GEMM grids (variant plan) as calibrate.fit_dram.fit_grid_reuse
+    wants them."""
     out = []
-    for name, grp in d.groupby("probe", sort=True):
+    for name, read in _gemm_read_medians(csvs, "plan").items():
         m, n, k = (int(v) for v in name[len("gemm-"):].split("x"))
-        out.append({"m": m, "n": n, "k": k, "read_bytes": float(grp["measured_dram_read_bytes"].median())})
+        out.append({"m": m, "n": n, "k": k, "read_bytes": read})
     return out
 
 
 def library_grid_rows(csvs: list[Path]) -> list[dict]:
-    """The same grids as cuBLAS runs them (variant cublas: the product, then the bias kernel),
-    median over the CSVs given, as calibrate.fit_dram.fit_library_read_grid wants them."""
-    import pandas as pd
-
+    """The same grids as cuBLAS runs them (variant cublas: the product, then the bias kernel) as
+    calibrate.fit_dram.fit_library_read_grid wants them."""
     from kitsune_dse.graph import load_model
-    d = pd.concat([pd.read_csv(c) for c in csvs])
-    d = d[d["probe"].str.startswith("gemm-") & (d.get("variant", "plan") == "cublas")]
     out = []
-    for name, grp in d.groupby("probe", sort=True):
+    for name, read in _gemm_read_medians(csvs, "cublas").items():
         (model, sizes), regions = PROBES[name]
         out.append({"name": name, "graph": load_model(model, sizes), "ops": regions[0]["ops"],
-                    "read_bytes": float(grp["measured_dram_read_bytes"].median())})
+                    "read_bytes": read})
     return out
 
 

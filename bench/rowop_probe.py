@@ -73,25 +73,25 @@ def measure(runs: int) -> list[dict]:
     return rows
 
 
-def model_time(kind: str, dims) -> float:
+def model_time(spec, kind: str, dims) -> float:
     from kitsune_dse.cost.region import Region
     from kitsune_dse.cost.strategies import LaunchChoice, bsp
-    from kitsune_dse.hw import load_spec
     from kitsune_dse.validate.microbench import case_model
-    spec = load_spec(str(ROOT / "hw_specs/h100-sxm.calibrated.yaml"))
     g, _ = case_model(kind, "fp16", tuple(dims))
     # one kernel timed alone as a graph: its launch latency as the suite's bsp-graph rows pay it
     return bsp(Region.of(g), spec, LaunchChoice("graph")).latency_s
 
 
 def report(src: Path) -> None:
+    from kitsune_dse.hw import load_spec
+    spec = load_spec(str(ROOT / "hw_specs/h100-sxm.calibrated.yaml"))
     d = json.loads((src / "rowop_probe.json" if src.is_dir() else src).read_text())
     print(f"{'kind':10s} {'rows x cols':>14s} {'meas us':>8s} {'model us':>9s} {'err':>6s} {'TB/s':>6s}")
     for r in d["rows"]:
         if not r.get("time_s"):
             print(r["kind"], r["dims"], r.get("error"))
             continue
-        pred = model_time(r["kind"], r["dims"])
+        pred = model_time(spec, r["kind"], r["dims"])
         n = r["dims"][0] * r["dims"][1] * 2
         moved = n * (3 if r["kind"] == "add" else 2)
         print(f"{r['kind']:10s} {'x'.join(map(str, r['dims'])):>14s} {r['time_s'] * 1e6:8.1f} {pred * 1e6:9.1f} "
