@@ -656,6 +656,17 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         cal["l2_rms_rel_error"] = l2["rms_rel_error"]
         cal["l2_max_rel_error"] = l2["max_rel_error"]
         cal["l2_rms_rel_error_all_points"] = l2["rms_rel_error_all_points"]
+        frames_csv = ROOT / "results/validation/h100/frame_probe/frames.csv"
+        if sp is harness and frames_csv.exists():
+            # the pipeline kernel's local memory per thread (nvcc's report of probe kernels,
+            # bench/frame_probe.py): the L2 footprint below counts it
+            sys.path.insert(0, str(ROOT / "bench"))
+            from frame_probe import frame_rows
+
+            from kitsune_dse.calibrate.fit_dram import FRAME_FIELDS, fit_local_frame
+            lf = fit_local_frame(frame_rows(frames_csv))
+            data.update({k: lf[k] for k in FRAME_FIELDS})
+            cal["local_frame_fit"] = {**lf, "measurements": str(frames_csv.relative_to(ROOT))}
         dram_csvs = sorted((ROOT / "results/validation/h100/dram_probe").glob("dram_probe_ncu_*.csv"))
         if sp is harness and dram_csvs:
             # what pipelines keep in L2 and send back to DRAM, on ncu's bytes of probe pipelines

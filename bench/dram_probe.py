@@ -10,6 +10,7 @@ workloads (other sizes of the zoo's models), each built to isolate one mechanism
              other traffic evicts them before the next generation overwrites them
 
     here:    python bench/dram_probe.py --prepare && python bench/dram_probe.py --precompile
+             (--only PROBES with --prepare: re-plan those probes, keep the others' plans)
     device:  python3 bench/dram_probe.py --ncu --out $OUT      # -> dram_probe_ncu.csv
              (--only wb-nerf,wbn: those probes; KDSE_RING_ALLOC=arena: rings in one allocation)
              python3 bench/dram_probe.py --run --out $OUT      # -> dram_probe_run.csv (latency)
@@ -45,6 +46,8 @@ TINY_64K = ("gpt3-mlp", {"tokens": 65536, "hidden": 512})        # W: 2 MB each,
 TINY_16K = ("gpt3-mlp", {"tokens": 16384, "hidden": 512})        # W: 2 MB each, 128 rbs
 MID_32K = ("gpt3-mlp", {"tokens": 32768, "hidden": 1024})        # W: 8.4 MB each, 256 rbs
 PAIR = [["fc1", "gelu"], ["fc2", "residual"]]
+CHAIN12 = str(ROOT / "bench/probe_models/mlp-chain12.yaml")                  # 12 x (GEMM + ReLU), 131k rows
+CHAIN12_OPS = [f"{k}{i}" for i in range(1, 13) for k in ("fc", "relu")]
 
 NERF4 = [["fc1", "relu1", "fc2", "relu2", "fc3", "relu3"],
          ["fc4", "relu4", "fc5", "relu5", "skip_concat"],
@@ -111,6 +114,14 @@ PROBES = {
     "wbn-tiny-p1-r2048": (TINY_64K, [_one([o for s in PAIR for o in s], 132, 2048)]),
     "wbn-tiny-w2048-p1-r2048": (("gpt3-mlp", {"tokens": 65536, "hidden": 256, "ffn": 2048}),
                                 [_one([o for s in PAIR for o in s], 132, 2048)]),
+    # fourteenth session: which of NeRF's features makes its small inner rings write back. The
+    # same ring structure (12 GEMM steps in one stage, 11 inner rings of 256 columns) without
+    # NeRF's concats and heads, with a narrow head, and NeRF with 128-byte aligned encodings
+    "wbx-chain12-p1-r2048": ((CHAIN12, {}), [_one(CHAIN12_OPS, 132, 2048)]),
+    "wbx-chain12-o8-p1-r2048": ((CHAIN12, {"out": 8}), [_one(CHAIN12_OPS, 132, 2048)]),
+    "wbx-chain12-o8-p1-r256": ((CHAIN12, {"out": 8}), [_one(CHAIN12_OPS, 132, 256)]),
+    "wbx-nerf-a64-p1-r2048": (("nerf-mlp", {"rays": 2048, "xyz_enc": 64, "dir_enc": 64}),
+                              [_one([o for s in NERF4 for o in s], 132, 2048)]),
 }
 # standalone GEMM grids (fc1 alone, bsp): which operand tiles later waves re-read (cost.gemm_l2)
 GEMM_SHAPES = [(4096, 8192, 8192), (8192, 8192, 4096), (2048, 16384, 8192), (4096, 4096, 16384),
@@ -134,12 +145,9 @@ def probed_region(regions) -> int:
     return next((i for i, r in enumerate(regions) if r["strategy"] == "pipeline"), 0)
 
 
-# the write-back of NeRF's many small rings is not what cost.l2_residency describes (2-5% of
-# their bytes at 3-8 MB of footprint, 12-21% at 13-18 MB, where one ring of the same footprint
-# writes back none to 9%): reported, not fitted
-NOT_FITTED = ("wb-nerf", "wbr-nerf", "wbn-w")
-
-
+# every pipeline probe is fitted: NeRF's many small rings (wb-nerf, wbr-nerf, wbn-w) wrote back
+# where the footprint without the kernel's local memory said none; with its spilled frames
+# (bench/frame_probe.py) they follow the same logistic as the one-ring probes
 def fit_probes(csvs: list[Path]) -> list[dict]:
     """The measured probes (median over the CSVs given) as calibrate.fit_dram wants them."""
     import statistics
@@ -151,7 +159,7 @@ def fit_probes(csvs: list[Path]) -> list[dict]:
     d = pd.concat([pd.read_csv(c) for c in csvs])
     out = []
     for name, grp in d.groupby("probe", sort=True):
-        if name not in PROBES or name.startswith(NOT_FITTED) or name.startswith("gemm-"):
+        if name not in PROBES or name.startswith("gemm-"):
             continue
         (model, sizes), regions = PROBES[name]
         rd = next(r for r in regions if r["strategy"] == "pipeline")
@@ -203,12 +211,19 @@ def prepare() -> None:
     from kitsune_dse.hw import load_spec
     from kitsune_dse.report.plan import evaluate_plan
     spec = load_spec(str(SPEC))
-    if PROBES_DIR.exists():
-        shutil.rmtree(PROBES_DIR)
-    PROBES_DIR.mkdir(parents=True)
-    bases = {}
+    only = [x for x in os.environ.get("KDSE_PROBE_ONLY", "").split(",") if x]
     manifest = []
+    if only:    # the selected probes only: the others' plans and manifest rows stay as they are
+        manifest = [m for m in json.loads((PROBES_DIR / "manifest.json").read_text())
+                    if not any(x in m["probe"] for x in only)]
+    else:
+        if PROBES_DIR.exists():
+            shutil.rmtree(PROBES_DIR)
+        PROBES_DIR.mkdir(parents=True)
+    bases = {}
     for name, ((model, sizes), regions) in PROBES.items():
+        if only and not any(x in name for x in only):
+            continue
         key = (model, json.dumps(sizes, sort_keys=True))
         if key not in bases:
             with tempfile.TemporaryDirectory() as td:
@@ -304,6 +319,7 @@ def ncu(out: Path, budget_s: float) -> None:
     for (name, variant), r in zip(names, res):
         rows.append({**by[name], "variant": variant, "measured_dram_read_bytes": r.get("dram__bytes_read.sum", float("nan")),
                      "measured_dram_write_bytes": r.get("dram__bytes_write.sum", float("nan")),
+                     **{k: v for k, v in r.items() if not k.startswith("dram__")},
                      "gpu": env.get("gpu"), "driver": env.get("driver"), "date": env.get("date"),
                      "command": "python3 bench/dram_probe.py --ncu (ncu --clock-control none "
                                 "--replay-mode range --metrics dram__bytes_read.sum,dram__bytes_write.sum)"})

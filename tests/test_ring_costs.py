@@ -60,7 +60,9 @@ def test_a_concat_step_streams_at_its_own_rate():
 def test_a_gemm_producer_is_not_held_by_its_output_ring():
     # its slot wait comes before the epilogue: its per-unit time is the same for a ring of 1
     # or 8 row-blocks; a GEMM consumer behind it is held by its input ring
-    flat = CAL.model_copy(update={"gemm_tile_fixed_idle_s": None})     # no load-dependent cost
+    # no load-dependent cost, and no ring write-back (which grows with the ring's footprint)
+    flat = CAL.model_copy(update={"gemm_tile_fixed_idle_s": None, "efficiency": CAL.efficiency.model_copy(
+        update={"l2_writeback_center": 2.0, "l2_writeback_width": 0.01})})
     g, shallow = _two_stage("chain", (16384, 1024, 2), (66, 66), 1, flat)
     _, deep = _two_stage("chain", (16384, 1024, 2), (66, 66), 8, flat)
     assert shallow.breakdown["stage_tile_s"][0] == pytest.approx(deep.breakdown["stage_tile_s"][0], rel=1e-12)

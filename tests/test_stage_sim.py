@@ -91,6 +91,7 @@ def test_the_models_runtime_constants_equal_the_runtimes():
     assert model.ROW_VPL_MAX == runtime.MAX_VPL
     assert model.INTRA_RING_BYTES == runtime.INTRA_RING_BYTES
     assert model.TEAMS_PER_SM == runtime.TEAMS
+    assert model.TEAM_THREADS == runtime.THREADS
 
 
 @settings(max_examples=examples(80), deadline=None)

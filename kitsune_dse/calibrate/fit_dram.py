@@ -1,8 +1,10 @@
 """Fit what a persistent pipeline's L2 keeps (cost.l2_residency) to DRAM bytes measured with ncu
-on probe pipelines (bench/dram_probe.py: none of them a validation-suite plan).
+on probe pipelines (bench/dram_probe.py: none of them a validation-suite plan), and what the
+pipeline kernel's threads spill to local memory to nvcc's resource report (bench/frame_probe.py).
 
-Fitted: efficiency.l2_weight_share, l2_writeback_onset, l2_writeback_full and
-l2_resident_reread, on the log ratio of predicted to measured read + write bytes.
+Fitted: efficiency.l2_weight_share, l2_writeback_center, l2_writeback_width, l2_resident_reread
+and l2_local_frame_share, on the log ratio of predicted to measured read + write bytes;
+local_frame_step_bytes and local_frame_concat_bytes on the kernels' stack frames.
 """
 from __future__ import annotations
 
@@ -10,11 +12,13 @@ import itertools
 import math
 
 import numpy as np
-from scipy.optimize import least_squares
+from scipy.optimize import least_squares, nnls
 
 from kitsune_dse.hw.spec import HwSpec
 
-FIELDS = ("l2_weight_share", "l2_writeback_onset", "l2_writeback_full", "l2_resident_reread")
+FIELDS = ("l2_weight_share", "l2_writeback_center", "l2_writeback_width", "l2_resident_reread",
+          "l2_local_frame_share")
+FRAME_FIELDS = ("local_frame_step_bytes", "local_frame_concat_bytes")
 
 
 def pipeline_dram_bytes(spec: HwSpec, graph, choice) -> tuple[float, float]:
@@ -27,11 +31,25 @@ def pipeline_dram_bytes(spec: HwSpec, graph, choice) -> tuple[float, float]:
 
 
 def _with(spec: HwSpec, x) -> HwSpec:
-    share, onset, span, reread = (float(v) for v in x)
-    eff = spec.efficiency.model_copy(update={
-        "l2_weight_share": share, "l2_writeback_onset": onset,
-        "l2_writeback_full": min(1.0, onset + span), "l2_resident_reread": reread})
-    return spec.model_copy(update={"efficiency": eff})
+    return spec.model_copy(update={"efficiency": spec.efficiency.model_copy(
+        update={k: float(v) for k, v in zip(FIELDS, x)})})
+
+
+def fit_local_frame(rows: list[dict]) -> dict:
+    """rows: {"frame_bytes" (nvcc's stack frame of a pipeline kernel), "stages" (each stage's
+    cost.pipeline.stage_frame_features)}. Non-negative least squares of the frame on the
+    kernel's steps and concatenating steps (summed over its stages: the kernel inlines them
+    all). Returns the spec's two fields, the rms and the largest error in bytes."""
+    if not rows:
+        raise ValueError("no kernel frames")
+    A = np.array([[sum(f.get("steps", 0) for f in r["stages"]), sum(f.get("concat", 0) for f in r["stages"])]
+                  for r in rows], dtype=float)
+    y = np.array([r["frame_bytes"] for r in rows], dtype=float)
+    coef, _ = nnls(A, y)
+    err = A @ coef - y
+    return {"local_frame_step_bytes": float(coef[0]), "local_frame_concat_bytes": float(coef[1]),
+            "rms_bytes": float(np.sqrt(np.mean(err ** 2))), "max_error_bytes": float(np.max(np.abs(err))),
+            "points": len(rows)}
 
 
 def fit_pipeline_l2(spec: HwSpec, probes: list[dict]) -> dict:
@@ -48,27 +66,25 @@ def fit_pipeline_l2(spec: HwSpec, probes: list[dict]) -> dict:
         return np.log(pred / meas)
 
     e = spec.efficiency
-    x0 = np.array([e.l2_weight_share, e.l2_writeback_onset, e.l2_writeback_full - e.l2_writeback_onset,
-                   e.l2_resident_reread])
+    x0 = np.array([getattr(e, k) for k in FIELDS])
     before = resid(x0)
-    # the write-back ramp is piecewise linear: least squares from one start stops where another
-    # start goes on; the best of a small grid of starts (the spec's own among them) is kept
-    starts = [x0] + [np.array(x) for x in itertools.product((0.6, 0.8), (0.3, 0.4), (0.3, 0.5), (0.3, 0.6))]
+    # the logistic's centre trades off against the frames' share and the resident re-read:
+    # least squares from one start can stop short; the best of a small grid of starts (the
+    # spec's own among them) is kept
+    starts = [x0] + [np.array(x) for x in itertools.product((0.7,), (0.5, 0.7), (0.05, 0.15), (0.3, 0.8), (0.0, 1.0))]
     best = None
     for x_start in starts:
-        r = least_squares(resid, x_start, bounds=([0.05, 0.05, 0.05, 0.0], [1.0, 0.95, 1.0, 4.0]),
-                          diff_step=0.03, x_scale=[0.2, 0.1, 0.1, 0.2])
+        r = least_squares(resid, x_start, bounds=([0.05, 0.1, 0.01, 0.0, 0.0], [1.0, 2.0, 1.0, 4.0, 4.0]),
+                          diff_step=0.02, x_scale=[0.2, 0.1, 0.05, 0.2, 0.3])
         if best is None or r.cost < best.cost - 1e-12:
             best = r
     x = best.x
-    x[2] = min(x[2], 1.0 - x[1])
     after = resid(x)
-    fitted = dict(zip(FIELDS, (float(x[0]), float(x[1]), float(x[1] + x[2]), float(x[3]))))
+    fitted = {k: float(v) for k, v in zip(FIELDS, x)}
     return {**fitted, "points": len(probes),
             "rms_log_error_before": float(np.sqrt(np.mean(before ** 2))),
             "rms_log_error": float(np.sqrt(np.mean(after ** 2))),
             "residual_pct": {p["name"]: round(100 * (math.exp(v) - 1), 1) for p, v in zip(probes, after)}}
-
 
 
 GRID_FIELDS = ("grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss", "grid_drift_exponent",

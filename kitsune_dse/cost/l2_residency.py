@@ -17,8 +17,14 @@ results/validation/h100/dram_probe/):
 * Write-back. A ring slot's dirty lines reach DRAM when L2 evicts them before the next
   generation overwrites them. With the weights streaming (re-read per row-block) that is every
   line; with everything resident it grows with the footprint the rings, the resident weights,
-  the K-split partial sums and the stream of one ring cycle make: none up to ~20 MB, 47% at
-  29 MB, 95% at 42 MB of the H100's 50 MB (efficiency.l2_writeback_onset / _full).
+  the K-split partial sums, the stream of one ring cycle and the kernel's local memory make:
+  a logistic over the footprint (efficiency.l2_writeback_center / _width), 2% of NeRF's ring
+  bytes at 17 MB, 13% at 29 MB, 75% at 41 MB of the H100's 50 MB.
+* Local memory. The persistent kernel's threads spill registers to their stack frames, which
+  L2 holds beside the rings: NeRF's one-stage kernel 216 bytes a thread (14.6 MB over 132 SMs
+  of 512 threads), and ncu counted 461 MB of its local stores through L2. Its small inner
+  rings were written back where the footprint without the frames said none (wbx-*: a chain
+  of 12 plain GEMM steps, 120 bytes a thread, wrote back a third as much).
 """
 from __future__ import annotations
 
@@ -54,13 +60,26 @@ def streamed_weight_hit(streamed_weight_bytes: float, spec: HwSpec) -> float:
 
 
 def write_back_fraction(footprint_bytes: float, spec: HwSpec) -> float:
-    """Share of a pipeline's ring (and partial-sum) bytes written back to DRAM: a ramp over its
-    L2 footprint between efficiency.l2_writeback_onset and _full of the L2."""
+    """Share of a pipeline's ring (and partial-sum) bytes written back to DRAM: a logistic over
+    its L2 footprint, half at efficiency.l2_writeback_center of the L2, of width
+    l2_writeback_width (a cache that replaces lines by age only in part: some lines go early,
+    some stay late, so no footprint below the L2 is free of write-back, nor one near it total)."""
     eff = spec.efficiency
-    lo, hi = eff.l2_writeback_onset * spec.l2_bytes, eff.l2_writeback_full * spec.l2_bytes
     if not math.isfinite(footprint_bytes):
         return 1.0
-    return float(min(1.0, max(0.0, (footprint_bytes - lo) / (hi - lo))))
+    z = (footprint_bytes - eff.l2_writeback_center * spec.l2_bytes) / (eff.l2_writeback_width * spec.l2_bytes)
+    if abs(z) > 30.0:       # beyond e^-30 of either end: none, or all
+        return 0.0 if z < 0 else 1.0
+    return 1.0 / (1.0 + math.exp(-z))
+
+
+def local_frame_bytes(stage_features, spec: HwSpec, threads: int) -> float:
+    """L2 bytes of a persistent pipeline kernel's threads' local memory: per thread, its
+    stages' steps and concatenating steps at the spec's frame bytes each (the kernel inlines
+    every stage, and nvcc's frames add up over them: bench/frame_probe.py), times `threads`."""
+    per_thread = sum(spec.local_frame_step_bytes * f.get("steps", 0)
+                     + spec.local_frame_concat_bytes * f.get("concat", 0) for f in stage_features)
+    return per_thread * threads
 
 
 def ring_cycle_stream_bytes(stream_bytes: float, rbs: int, cycle_rbs: int) -> float:

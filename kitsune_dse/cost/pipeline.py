@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.l2_residency import (free_row_blocks, ring_cycle_stream_bytes, streamed_weight_hit,
-                                          write_back_fraction)
+from kitsune_dse.cost.l2_residency import (free_row_blocks, local_frame_bytes, ring_cycle_stream_bytes,
+                                          streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
@@ -440,6 +440,11 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     kept_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if rbs > 1 else 0.0
     footprint = _l2_footprint(region, plan, stage_atoms, resident, kept_w, queue_bytes, bm,
                               rb_per_unit, rbs)
+    if spec.efficiency.l2_local_frame_share:
+        # the kernel's threads' stack frames (register spills) live in L2 beside the rings
+        feats = [stage_frame_features(g, spec, st) for st in c.stages]
+        footprint += spec.efficiency.l2_local_frame_share * local_frame_bytes(
+            feats, spec, TEAMS_PER_SM * TEAM_THREADS * sum(c.sms))
     wb_frac = write_back_fraction(footprint, spec)
     hit = streamed_weight_hit(sum(w for w, r in zip(plan.stage_weights, resident) if not r)
                               if rbs > 1 else 0.0, spec)
@@ -575,6 +580,22 @@ def _stage_steps(g, spec: HwSpec, stage, sub: Region) -> list[tuple[str, ...]]:
     return hit
 
 
+def stage_frame_features(g, spec: HwSpec, stage) -> dict[str, int]:
+    """What the pipeline kernel's local memory per thread grows with, for one stage's ops
+    (cost.l2_residency.local_frame_bytes; bench/frame_probe.py fits it on nvcc's report): its
+    steps, GEMM steps, narrow GEMMs (fewer than 128 output columns), concatenations, row ops."""
+    stage = tuple(stage)
+    out = {"steps": 0, "gemm": 0, "narrow": 0, "concat": 0, "row": 0}
+    for atom in _stage_steps(g, spec, stage, Region.of(g, stage)):
+        _, _, _, _, gemm, _, row_op, concat = _atom_facts(g, spec, atom)
+        out["steps"] += 1
+        out["gemm"] += gemm is not None
+        out["narrow"] += gemm is not None and gemm[1].n < 128
+        out["concat"] += bool(concat)
+        out["row"] += bool(row_op)
+    return out
+
+
 @functools.lru_cache(maxsize=1 << 12)
 def _region_bytes(region: Region) -> tuple[float, float, float]:
     """A region's compulsory (read, write) bytes and the weight bytes its ops read, memoised
@@ -625,6 +646,7 @@ def _l2_footprint(region: Region, plan: StagePlan, stage_atoms, resident, reside
 # INTRA_RING_BYTES): the GPU harness imports no pydantic-backed module; a test checks they agree
 ROW_VPL_MAX = 8
 INTRA_RING_BYTES = 8 * 2**20      # cap of a ring between two steps of one stage (no plan queue)
+TEAM_THREADS = 256                # threads of one team (validate/lower.py THREADS)
 
 
 def _row_items(bm: int, cols: int) -> int:

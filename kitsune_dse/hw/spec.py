@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 from pydantic import (BaseModel, ConfigDict, Field, ValidationError, ValidationInfo,
-                      field_validator, model_validator)
+                      field_validator)
 
 from kitsune_dse import resources
 from kitsune_dse.errors import KitsuneError, closest
@@ -87,11 +87,19 @@ class Efficiency(_Strict):
                                   # workers hold at once beyond the first, the share whose weight
                                   # tiles come from one L2 fetch (measured 0.77-0.93 with ncu,
                                   # bench/dram_probe.py free-*)
-    l2_writeback_onset: Frac = 0.4  # a pipeline's L2 footprint (rings, resident weights, K-split
-                                  # partials, the stream of one ring cycle) as a share of l2_bytes
-                                  # above which dirty ring lines start to be evicted before the next
-                                  # generation overwrites them (written back to DRAM) ...
-    l2_writeback_full: Frac = 0.8  # ... and at which all of them are (bench/dram_probe.py wb*-)
+    l2_writeback_center: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] = 0.6
+                                  # a pipeline's L2 footprint (rings, resident weights, K-split
+                                  # partials, the stream of one ring cycle, its threads' local
+                                  # frames) as a share of l2_bytes at which half its dirty ring
+                                  # lines are evicted before the next generation overwrites them
+                                  # (written back to DRAM) ...
+    l2_writeback_width: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.1
+                                  # ... on a logistic of this width (x l2_bytes): bench/dram_probe.py
+                                  # wb*- (2% of NeRF's ring bytes at 17 MB, 75% at 41 MB)
+    l2_local_frame_share: Annotated[float, Field(ge=0, le=4, allow_inf_nan=False)] = 0.0
+                                  # of the pipeline kernel's local memory (register spills: its
+                                  # threads' stack frames, HwSpec.local_frame_*), the share that
+                                  # joins the L2 footprint (0: none)
     l2_resident_reread: Annotated[float, Field(ge=0, le=4, allow_inf_nan=False)] = 0.37
                                   # weights a pipeline keeps in L2: per row-block it reads this x
                                   # their share of the L2 x the write-back fraction of them again
@@ -115,24 +123,18 @@ class Efficiency(_Strict):
     grid_desync_exponent: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 0.5
                                   # ... and as (wave index + 1)^this (0.5: a random walk)
 
-    @model_validator(mode="after")
-    def _writeback_ramp(self):
-        if self.l2_writeback_full <= self.l2_writeback_onset:
-            raise ValueError(f"l2_writeback_full ({self.l2_writeback_full:g}) must exceed "
-                             f"l2_writeback_onset ({self.l2_writeback_onset:g})")
-        return self
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
-                   "persistent_lone_team", "l2_weight_share", "l2_writeback_onset", "l2_writeback_full",
-                   "l2_resident_reread", "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
+                   "persistent_lone_team", "l2_weight_share", "l2_writeback_center", "l2_writeback_width",
+                   "l2_local_frame_share", "l2_resident_reread", "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
                     "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team",
-                    "l2_weight_share", "l2_writeback_onset", "l2_writeback_full"}
+                    "l2_weight_share"}
 
 
 class Calibration(BaseModel):
@@ -185,6 +187,13 @@ class HwSpec(_Strict):
                                                 # A and B slices of every output tile; None: no cap)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
+    local_frame_step_bytes: Annotated[float, Field(ge=0, le=4096, allow_inf_nan=False)] = 0.0
+                                                # the persistent pipeline kernel's local memory
+                                                # per thread (register spills) per step of its
+                                                # stages ...
+    local_frame_concat_bytes: Annotated[float, Field(ge=0, le=4096, allow_inf_nan=False)] = 0.0
+                                                # ... and more per concatenating step (fitted on
+                                                # nvcc's resource report, bench/frame_probe.py)
     epilogue_input_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # per 128x128 tile of a persistent GEMM step and
                                                 # full input its epilogue reads (a residual): the

@@ -26,8 +26,12 @@ DEFAULT_TIME_LIMIT_S = 550.0
 
 
 def ncu_command(log: str) -> list[str]:
+    """The ncu command line; KDSE_NCU_EXTRA_METRICS (comma-separated) adds metrics beside the
+    DRAM bytes, for diagnostic probes (bench/dram_probe.py keeps them as columns)."""
     exe = shutil.which("ncu") or "/usr/local/cuda/bin/ncu"
-    return [exe, "--clock-control", "none", "--replay-mode", "range", "--metrics", METRICS, "--csv",
+    extra = os.environ.get("KDSE_NCU_EXTRA_METRICS", "").strip(",")
+    metrics = METRICS + ("," + extra if extra else "")
+    return [exe, "--clock-control", "none", "--replay-mode", "range", "--metrics", metrics, "--csv",
             "--print-units", "base", "--log-file", log]
 
 
