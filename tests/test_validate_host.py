@@ -264,6 +264,61 @@ def test_pipeline_source_structure():
     assert f"+ {traced.trace_off}) + 1 * {traced.nrb} + rb" in tsrc
 
 
+def _carried_items(c, items, workers, nrb):
+    """The default code's cursors, step by step: (row-block, offset) of worker c's items."""
+    nx, rb, out = c, 0, []
+    if items < workers and nx >= items:
+        rb, nx = nx // items, nx % items
+    while rb < nrb:
+        i = nx
+        nx -= items % workers
+        if nx < 0:
+            nx += workers
+        at, rb = rb, rb + 1
+        if items < workers and nx >= items:
+            rb, nx = rb + nx // items, nx % items
+        out += [(at, j) for j in range(i, items, workers)]
+    return out
+
+
+def _stateless_items(c, items, workers, nrb):
+    """The same from the row-block alone (codegen.CURSOR_HELPERS, written out in Python)."""
+    def first(r):
+        return (c - r * items) % workers
+
+    def next_rb(r):
+        return (r * items + first(r)) // items
+    out, rb = [], next_rb(0)
+    while rb < nrb:
+        out += [(rb, j) for j in range(first(rb), items, workers)]
+        rb = next_rb(rb + 1)
+    return out
+
+
+@pytest.mark.parametrize("items,workers", [(2, 264), (3, 264), (1, 132), (96, 88), (48, 132), (7, 5), (264, 264)])
+def test_stateless_cursors_visit_the_carried_cursors_items(items, workers):
+    nrb = 37
+    every = set()
+    for c in range(workers):
+        want = _carried_items(c, items, workers, nrb)
+        assert _stateless_items(c, items, workers, nrb) == want
+        every |= set(want)
+    assert every == {(rb, j) for rb in range(nrb) for j in range(items)}     # each item once
+
+
+def test_stateless_cursor_source(monkeypatch):
+    reg, region = _region(_plan("gpt3-mlp-t2048-tp8"))
+    carried = codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())
+    assert "kdse_next_rb" not in carried and "int nx_0 = c" in carried
+    monkeypatch.setenv("KDSE_CURSORS", "stateless")
+    stateless = codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())
+    assert "int nx_" not in stateless and stateless.count("kdse_first_item(rb, c, ") == 2
+    assert stateless.count("rb = kdse_next_rb(rb + 1, c, ") == 2         # one per stage
+    monkeypatch.setenv("KDSE_CURSORS", "cached")
+    with pytest.raises(KitsuneError, match="KDSE_CURSORS"):
+        codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())
+
+
 def test_standalone_source_and_split_k_baseline():
     reg, _ = _region(_plan("gpt3-mlp-t64"))
     bt = codegen.BufTable()

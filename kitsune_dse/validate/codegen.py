@@ -7,6 +7,8 @@ group's chain; CG is a bit mask of the full-shape inputs read from ring slots (l
 """
 from __future__ import annotations
 
+import os
+
 from dataclasses import dataclass, field
 
 from kitsune_dse.errors import KitsuneError
@@ -423,6 +425,31 @@ def pipeline_smem(layout: PipelineLayout) -> int:
     return (need + 127) // 128 * 128
 
 
+# KDSE_CURSORS=stateless (a diagnostic, not the default): each step's next row-block and item
+# follow from the row-block alone, so no cursor is carried across a stage's loop. Carried
+# cursors (two per step) are part of what many-step stages spill to local memory (NeRF's
+# one-stage kernel: 216 bytes a thread, 144 stateless; NOTES.md, fourteenth session)
+CURSOR_HELPERS = """
+__device__ __forceinline__ int kdse_first_item(int rb, int c, int items, int workers) {
+    // offset within row-block rb of worker c's first item of a step (items, workers: the
+    // step's items per row-block and the stage's workers); >= items: none there
+    const int o = (c - rb * items) % workers;
+    return o < 0 ? o + workers : o;
+}
+__device__ __forceinline__ int kdse_next_rb(int r, int c, int items, int workers) {
+    // the first row-block >= r holding one of worker c's items of the step
+    return (r * items + kdse_first_item(r, c, items, workers)) / items;
+}
+"""
+
+
+def _stateless_cursors() -> bool:
+    mode = os.environ.get("KDSE_CURSORS", "carried")
+    if mode not in ("carried", "stateless"):
+        raise KitsuneError(f"KDSE_CURSORS={mode!r}: carried or stateless")
+    return mode == "stateless"
+
+
 def _min_expr(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"min({names[0]}, {_min_expr(names[1:])})"
 
@@ -431,7 +458,8 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
     reg = layout.region
     bm = layout.bm
     T = layout.teams
-    src = [header(reg.dtype)]
+    stateless = _stateless_cursors()
+    src = [header(reg.dtype)] + ([CURSOR_HELPERS] if stateless else [])
     for st in layout.steps:
         src.append(functor(st.group))
     planted = [False]
@@ -445,16 +473,21 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
              # the item's offset there (nx_s): a worker visits only its own row-blocks. Visiting
              # every row-block cost a worker ~0.1 us each (NeRF's 262144 rows: 2048 row-blocks,
              # its one-stage GEMM 2.4x slower than the standalone kernel; harness version 4)
-             *(f"    int nx_{sid} = c, rb_{sid} = 0;"
-               + (f" if (nx_{sid} >= {layout.steps[sid].items}) {{ rb_{sid} = nx_{sid} / {layout.steps[sid].items}; "
-                  f"nx_{sid} %= {layout.steps[sid].items}; }}" if layout.steps[sid].items < S else "")
-               for sid in stage.steps),
+             *(() if stateless else (
+                 f"    int nx_{sid} = c, rb_{sid} = 0;"
+                 + (f" if (nx_{sid} >= {layout.steps[sid].items}) {{ rb_{sid} = nx_{sid} / {layout.steps[sid].items}; "
+                    f"nx_{sid} %= {layout.steps[sid].items}; }}" if layout.steps[sid].items < S else "")
+                 for sid in stage.steps)),
+             *([f"    int rb = {_min_expr([f'kdse_next_rb(0, c, {layout.steps[sid].items}, {S})' for sid in stage.steps])};"]
+               if stateless else []),
              "    for (;;) {",
-             f"        const int rb = {_min_expr([f'rb_{sid}' for sid in stage.steps])};",
+             *([] if stateless else [f"        const int rb = {_min_expr([f'rb_{sid}' for sid in stage.steps])};"]),
              f"        if (rb >= {layout.nrb}) break;",
              f"        const int rows_valid = min({bm}, {layout.rows} - rb * {bm});"]
         for sid in stage.steps:
             L += ["        " + x for x in step_code(layout.steps[sid], S).split("\n")]
+        if stateless:
+            L.append(f"        rb = {_min_expr([f'kdse_next_rb(rb + 1, c, {layout.steps[sid].items}, {S})' for sid in stage.steps])};")
         L += ["    }", "}"]
         return "\n".join(L)
 
@@ -484,10 +517,11 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
         def ld(t):
             return str(reg.shape2(t)[1])
         L = [f"{{  // step {st.sid}: {g.kind} {' -> '.join(g.ops)}, {st.items} items per row-block",
-             f"    if (rb_{st.sid} == rb) {{",
-             f"    int i = nx_{st.sid}; nx_{st.sid} -= {st.items % S}; if (nx_{st.sid} < 0) nx_{st.sid} += {S}; ++rb_{st.sid};"
-             + (f" if (nx_{st.sid} >= {st.items}) {{ rb_{st.sid} += nx_{st.sid} / {st.items}; nx_{st.sid} %= {st.items}; }}"
-                if st.items < S else "")]
+             *([f"    int i = kdse_first_item(rb, c, {st.items}, {S});", f"    if (i < {st.items}) {{"] if stateless else
+               [f"    if (rb_{st.sid} == rb) {{",
+                f"    int i = nx_{st.sid}; nx_{st.sid} -= {st.items % S}; if (nx_{st.sid} < 0) nx_{st.sid} += {S}; ++rb_{st.sid};"
+                + (f" if (nx_{st.sid} >= {st.items}) {{ rb_{st.sid} += nx_{st.sid} / {st.items}; nx_{st.sid} %= {st.items}; }}"
+                   if st.items < S else "")])]
         # a GEMM producer waits for its output slot just before the epilogue that writes it (its
         # main loop runs while the consumer still reads the slot's previous generation; split
         # along K, only the team that sums the partials waits, before the sum): harness
