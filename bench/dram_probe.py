@@ -46,7 +46,7 @@ TINY_64K = ("gpt3-mlp", {"tokens": 65536, "hidden": 512})        # W: 2 MB each,
 TINY_16K = ("gpt3-mlp", {"tokens": 16384, "hidden": 512})        # W: 2 MB each, 128 rbs
 MID_32K = ("gpt3-mlp", {"tokens": 32768, "hidden": 1024})        # W: 8.4 MB each, 256 rbs
 PAIR = [["fc1", "gelu"], ["fc2", "residual"]]
-CHAIN12 = str(ROOT / "bench/probe_models/mlp-chain12.yaml")                  # 12 x (GEMM + ReLU), 131k rows
+CHAIN12 = str(ROOT / "bench/probe_models/mlp-chain12.yaml")   # 12 x (GEMM + ReLU), 131k rows
 CHAIN12_OPS = [f"{k}{i}" for i in range(1, 13) for k in ("fc", "relu")]
 
 NERF4 = [["fc1", "relu1", "fc2", "relu2", "fc3", "relu3"],

@@ -124,13 +124,13 @@ class Efficiency(_Strict):
                                   # ... and as (wave index + 1)^this (0.5: a random walk)
 
 
-
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
-                   "persistent_lone_team", "l2_weight_share", "l2_writeback_center", "l2_writeback_width",
-                   "l2_local_frame_share", "l2_resident_reread", "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
+                   "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
+                   "l2_writeback_width", "l2_local_frame_share", "l2_resident_reread",
+                   "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
                     "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team",
