@@ -679,7 +679,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"] = {**data["efficiency"], **{k: d[k] for k in FIELDS}}
             cal["pipeline_l2_fit"] = {**d, "measurements": [str(c.relative_to(ROOT)) for c in dram_csvs]}
         sys.path.insert(0, str(ROOT / "bench"))
-        from dram_probe import GEMM_CSVS, gemm_grid_rows, library_grid_rows
+        from dram_probe import (GEMM_CSVS, WEIGHT_STREAM_CSVS, gemm_grid_rows, library_grid_rows,
+                                weight_stream_rows)
         gemm_csvs = sorted(ROOT.glob(GEMM_CSVS))
         if gemm_csvs:
             # a standalone GEMM grid's operand reads, on ncu's bytes of GEMM grids that are not
@@ -768,6 +769,15 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             cf = fit_tilesync_chains(spec_from_dict(data, name), chains)
             data["tilesync_handoff_s"] = cf["tilesync_handoff_s"]
             cal["tilesync_chain_fit"] = cf
+        ws_csvs = sorted(ROOT.glob(WEIGHT_STREAM_CSVS))
+        if sp is harness and ws_csvs:
+            # two weight-streaming stages fed slab by slab share the DRAM (bench/dram_probe.py
+            # ws-pair-*): through the pipeline model, after every fit its stage times read
+            from kitsune_dse.calibrate.fit import fit_concurrent_stream
+            ws = fit_concurrent_stream(spec_from_dict(data, name), weight_stream_rows(ws_csvs))
+            data["concurrent_stream_Bps"] = ws["concurrent_stream_Bps"]
+            data["efficiency"] = {**data["efficiency"], "producer_stream_share": ws["producer_stream_share"]}
+            cal["concurrent_stream_fit"] = {**ws, "measurements": [str(c.relative_to(ROOT)) for c in ws_csvs]}
         data["calibration"] = cal
         new = spec_from_dict(data, name)
         out[name] = new

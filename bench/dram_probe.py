@@ -46,6 +46,7 @@ TINY_64K = ("gpt3-mlp", {"tokens": 65536, "hidden": 512})        # W: 2 MB each,
 TINY_16K = ("gpt3-mlp", {"tokens": 16384, "hidden": 512})        # W: 2 MB each, 128 rbs
 MID_32K = ("gpt3-mlp", {"tokens": 32768, "hidden": 1024})        # W: 8.4 MB each, 256 rbs
 PAIR = [["fc1", "gelu"], ["fc2", "residual"]]
+WS_64 = ("gpt3-mlp", {"tokens": 64, "hidden": 8192})              # W: 537 MB each, one row-block
 CHAIN12 = str(ROOT / "bench/probe_models/mlp-chain12.yaml")   # 12 x (GEMM + ReLU), 131k rows
 CHAIN12_OPS = [f"{k}{i}" for i in range(1, 13) for k in ("fc", "relu")]
 
@@ -122,6 +123,13 @@ PROBES = {
     "wbx-chain12-o8-p1-r256": ((CHAIN12, {"out": 8}), [_one(CHAIN12_OPS, 132, 256)]),
     "wbx-nerf-a64-p1-r2048": (("nerf-mlp", {"rays": 2048, "xyz_enc": 64, "dir_enc": 64}),
                               [_one([o for s in NERF4 for o in s], 132, 2048)]),
+    # fourteenth session: two weight-streaming GEMM stages beside each other (gpt3 t64's
+    # explorer-5 measured 1,158 us against 1,048: its consumer's tail). fc1 | fc2 through a
+    # split_k queue at several SM splits, and each GEMM alone on the same SM counts
+    **{f"ws-pair-s{a}-{b}": (WS_64, [_pipe(PAIR, [a, b], 64, [1], ["split_k"], slabs=16)])
+       for a, b in ((66, 66), (88, 44), (44, 88), (99, 33))},
+    **{f"ws-fc1-s{a}": (WS_64, [_one(PAIR[0], a, 64), _bsp(PAIR[1])]) for a in (44, 66, 88, 99)},
+    **{f"ws-fc2-s{b}": (WS_64, [_bsp(PAIR[0]), _one(PAIR[1], b, 64)]) for b in (33, 44, 66, 88)},
 }
 # standalone GEMM grids (fc1 alone, bsp): which operand tiles later waves re-read (cost.gemm_l2)
 GEMM_SHAPES = [(4096, 8192, 8192), (8192, 8192, 4096), (2048, 16384, 8192), (4096, 4096, 16384),
@@ -166,6 +174,28 @@ def fit_probes(csvs: list[Path]) -> list[dict]:
         out.append({"name": name, "graph": load_model(model, sizes), "choice": choice_from_region(rd),
                     "read_bytes": statistics.median(grp["measured_dram_read_bytes"]),
                     "write_bytes": statistics.median(grp["measured_dram_write_bytes"])})
+    return out
+
+
+WEIGHT_STREAM_CSVS = "results/validation/h100/dram_probe/weight_stream/dram_probe_run_*.csv"
+
+
+def weight_stream_rows(csvs: list[Path]) -> list[dict]:
+    """The slab-fed weight-streaming pairs (ws-pair-*), median latency over the run CSVs given,
+    as calibrate.fit.fit_concurrent_stream wants them."""
+    import statistics
+
+    import pandas as pd
+
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.report.plan import choice_from_region
+    d = pd.concat([pd.read_csv(c) for c in csvs])
+    out = []
+    for name, grp in d[d["probe"].str.startswith("ws-pair-")].groupby("probe", sort=True):
+        (model, sizes), regions = PROBES[name]
+        rd = next(r for r in regions if r["strategy"] == "pipeline")
+        out.append({"name": name, "graph": load_model(model, sizes), "choice": choice_from_region(rd),
+                    "time_s": statistics.median(grp["measured_latency_s"])})
     return out
 
 
@@ -349,7 +379,7 @@ def run(out: Path, runs: int) -> None:
         for r in rs:
             rows.append({"probe": m["probe"], **{k: r.get(k) for k in (
                 "predicted_latency_s", "measured_latency_s", "p10_latency_s", "p90_latency_s",
-                "correct", "error", "gpu", "driver", "date")}})
+                "correct", "error", "placement", "gpu", "driver", "date")}})
             lat = r.get("measured_latency_s")
             print(f"{m['probe']}: {lat and lat * 1e6 or 0:.0f} us (pred {m['predicted_latency_s'] * 1e6:.0f}) "
                   f"{'ok' if r.get('correct') else r.get('error')}", flush=True)

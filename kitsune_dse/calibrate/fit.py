@@ -377,6 +377,38 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
             "spec": with_params(fit.x)}
 
 
+def fit_concurrent_stream(spec: HwSpec, probes: list[dict]) -> dict:
+    """Fit HwSpec.concurrent_stream_Bps and efficiency.producer_stream_share to slab-fed
+    weight-streaming pipelines (probes: {"name", "graph", "choice" (PipelineChoice), "time_s"}:
+    bench/dram_probe.py ws-pair-*, none a suite plan) through the pipeline model, least squares
+    on the relative error from a few starts. Returns both fields, the residuals and their rms
+    before (the spec as given) and after."""
+    from kitsune_dse.cost.pipeline import pipeline
+    from kitsune_dse.cost.region import Region
+    if not probes:
+        raise ValueError("no weight-streaming probes")
+    meas = np.array([p["time_s"] for p in probes], dtype=float)
+    regions = [Region.of(p["graph"], [o for st in p["choice"].stages for o in st]) for p in probes]
+
+    def with_params(x):
+        rate_TBps, share = (float(v) for v in x)
+        return spec.model_copy(update={"concurrent_stream_Bps": rate_TBps * 1e12, "efficiency":
+                                       spec.efficiency.model_copy(update={"producer_stream_share": share})})
+
+    def resid(x, sp=None):
+        sp = sp or with_params(x)
+        return np.array([pipeline(r, sp, p["choice"]).latency_s for r, p in zip(regions, probes)]) / meas - 1
+    before = resid(None, spec)
+    peak = spec.hbm_bandwidth_Bps / 1e12
+    fit = min((least_squares(resid, [f * peak, sh], bounds=([0.2 * peak, 0.3], [peak, 1.0]), diff_step=1e-3)
+               for f in (0.5, 0.65, 0.8) for sh in (0.6, 0.8, 0.95)), key=lambda r: r.cost)
+    rel = resid(fit.x)
+    return {"concurrent_stream_Bps": float(fit.x[0]) * 1e12, "producer_stream_share": float(fit.x[1]),
+            "rms_rel_error_before": float(np.sqrt(np.mean(before ** 2))),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "points": len(probes),
+            "rel_error_by_probe": {p["name"]: round(float(e), 3) for p, e in zip(probes, rel)}}
+
+
 def fit_persistent_rows(spec: HwSpec, rows: list[dict]) -> dict:
     """Fit a persistent row-op step (rows: kind, dims (rows, cols), sms, time_s) through the
     model (one_stage_time), least squares on the relative error: the bytes per second one SM

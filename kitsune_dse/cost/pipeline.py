@@ -918,12 +918,62 @@ def _time_stages(works, totals: dict, plan: StagePlan, spec: HwSpec, units: int)
     depths = tuple(d * plan.slabs for d in c.depths)
     sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     bw_bound = _bw_floor(works, totals, spec, sum(c.sms), units)
-    if bw_bound > sim.makespan_s:
+    flow = _weight_stream_flow(works, plan, spec, t * units)
+    if flow is not None:
+        # weight-streaming stages fed slab by slab: their DRAM share, not the slabs' tandem,
+        # sets when they end
+        bw_bound = max(bw_bound, flow)
+        t = t * (bw_bound / sim.makespan_s)
+        sim = _tandem(t, srv, units, depths, plan.slabs, spec)
+    elif bw_bound > sim.makespan_s:
         # the stages share one DRAM: when together they ask for more than the chip delivers,
         # every stage slows by the same factor (keeps the per-tile timeline consistent)
         t = t * (bw_bound / sim.makespan_s)
         sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     return t, srv, sim, bw_bound
+
+
+def _weight_stream_flow(works, plan: StagePlan, spec: HwSpec, alone_s) -> float | None:
+    """When the last of a slab-fed pipeline's weight-streaming stages ends (None where the model
+    does not apply: no spec rate, several row-blocks, a row-mode queue, a stage without DRAM
+    bytes, stages that together stream no faster than the chip gives them). One row-block
+    streamed through split_k queues (decode): every stage streams its
+    weights at once, each alone at its bytes over its time on its SMs. While a later stage
+    streams beside it, a stage keeps efficiency.producer_stream_share of its rate, upstream
+    first, of concurrent_stream_Bps in all; the last one streaming keeps its own rate. Measured
+    (bench/dram_probe.py ws-*, 64 x 8192 x 32768 at four SM splits): the producer ends at
+    0.8-0.98 of its alone rate, the consumer streams what is left and then alone: 578-788 us
+    where the slabs' tandem said 647-941."""
+    rate = spec.concurrent_stream_Bps
+    c = plan.choice
+    if (rate is None or len(works) < 2 or plan.row_blocks != 1
+            or any(m != "split_k" for m in c.modes)):
+        return None
+    need = np.array([sum(w.dram_bytes for w in stage) for stage in works], dtype=float)
+    alone = np.asarray(alone_s, dtype=float)
+    if (need <= 0).any() or (alone <= 0).any():
+        return None
+    own = need / alone
+    if own.sum() <= rate:       # they do not compete for DRAM: the slabs' tandem holds
+        return None
+    share = spec.efficiency.producer_stream_share
+    left, clock, active = need.copy(), 0.0, list(range(len(works)))
+    ends = np.zeros(len(works))
+    while active:
+        x = np.zeros(len(works))
+        room = rate if len(active) > 1 else math.inf
+        for k, j in enumerate(active):
+            want = own[j] * (share if k < len(active) - 1 else 1.0)
+            x[j] = max(0.0, min(want, room))
+            room -= x[j]
+        dt = min(left[j] / x[j] for j in active if x[j] > 0)
+        clock += dt
+        for j in list(active):
+            left[j] -= x[j] * dt
+            if left[j] <= 1e-9 * need[j]:
+                ends[j] = clock
+                active.remove(j)
+    return float(np.maximum.accumulate(ends)[-1])     # no stage ends before its producer
 
 
 def _bw_floor(works, totals: dict, spec: HwSpec, used: int, units: int) -> float:

@@ -100,6 +100,10 @@ class Efficiency(_Strict):
                                   # of the pipeline kernel's local memory (register spills: its
                                   # threads' stack frames, HwSpec.local_frame_*), the share that
                                   # joins the L2 footprint (0: none)
+    producer_stream_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+                                  # such a stage's share of its own streaming rate while a later
+                                  # stage streams beside it (the later one gets what is left of
+                                  # HwSpec.concurrent_stream_Bps, then its own rate alone)
     l2_resident_reread: Annotated[float, Field(ge=0, le=4, allow_inf_nan=False)] = 0.37
                                   # weights a pipeline keeps in L2: per row-block it reads this x
                                   # their share of the L2 x the write-back fraction of them again
@@ -130,11 +134,12 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_local_frame_share", "l2_resident_reread",
+                   "producer_stream_share",
                    "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
                     "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team",
-                    "l2_weight_share"}
+                    "l2_weight_share", "producer_stream_share"}
 
 
 class Calibration(BaseModel):
@@ -185,6 +190,11 @@ class HwSpec(_Strict):
     persistent_gemm_l2_Bps: Pos | None = None   # L2 to SM bytes per second all SMs' persistent
                                                 # GEMM tiles load their operands at, together (the
                                                 # A and B slices of every output tile; None: no cap)
+    concurrent_stream_Bps: Pos | None = None    # DRAM bytes per second the chip gives two or
+                                                # more weight-streaming stages of a slab-fed
+                                                # pipeline together (a producer and its split_k
+                                                # consumer, one row-block: decode); None: not
+                                                # modelled (the stages' tandem and DRAM floor)
     persistent_row_sm_stream_Bps: Pos | None = None  # the same for persistent row-op steps
                                                 # (softmax, norms; default hbm_per_sm_bandwidth_Bps)
     local_frame_step_bytes: Annotated[float, Field(ge=0, le=4096, allow_inf_nan=False)] = 0.0
