@@ -128,6 +128,7 @@ PROBES = {
     # split_k queue at several SM splits, and each GEMM alone on the same SM counts
     **{f"ws-pair-s{a}-{b}": (WS_64, [_pipe(PAIR, [a, b], 64, [1], ["split_k"], slabs=16)])
        for a, b in ((66, 66), (88, 44), (44, 88), (99, 33))},
+    "ws-row-s66-66": (WS_64, [_pipe(PAIR, [66, 66], 64, [1], ["row"])]),   # one after the other
     **{f"ws-fc1-s{a}": (WS_64, [_one(PAIR[0], a, 64), _bsp(PAIR[1])]) for a in (44, 66, 88, 99)},
     **{f"ws-fc2-s{b}": (WS_64, [_bsp(PAIR[0]), _one(PAIR[1], b, 64)]) for b in (33, 44, 66, 88)},
 }
