@@ -70,8 +70,11 @@ def test_the_l2_footprint_counts_the_kernels_local_frames():
     ch = PipelineChoice((ops,), (132,), 128)
     r = Region.of(g)
     base = pipeline(r, sp, ch).breakdown["l2_footprint_bytes"]
-    assert pipeline(r, on, ch).breakdown["l2_footprint_bytes"] == pytest.approx(
-        base + 0.5 * (14 * 10 + 2 * 30) * 512 * 132, rel=1e-12)
+    frames = 0.5 * (14 * 10 + 2 * 30) * 512 * 132
+    e = pipeline(r, on, ch)
+    assert e.breakdown["l2_footprint_bytes"] == pytest.approx(base + frames, rel=1e-12)
+    assert e.breakdown["l2_frame_bytes"] == pytest.approx(frames, rel=1e-12)
+    assert pipeline(r, sp, ch).breakdown["l2_frame_bytes"] == 0.0       # no share: none counted
 
 
 def test_the_frame_fit_recovers_its_bytes():

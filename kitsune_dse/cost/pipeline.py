@@ -353,6 +353,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         "queue_bytes": core.queue_bytes,
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
         "partial_sum_write_back_bytes": partial, "l2_footprint_bytes": core.footprint,
+        "l2_frame_bytes": core.frame_bytes,
         "weights_resident": list(core.resident), "stage_shapes": list(core.shapes),
         "stage_single_works": list(core.single), "stage_inflight": list(core.inflight),
         "stage_splitk": list(core.splitk), "stage_slab_writer": list(core.slab_writer)}
@@ -400,6 +401,7 @@ class _StageWorks:
     footprint: float = 0.0                  # L2 footprint of one ring cycle (_l2_footprint)
     resident_weight_bytes: float = 0.0      # weights kept in L2 over several row-blocks
     row_blocks: int = 1                     # the runtime's row-blocks
+    frame_bytes: float = 0.0                # of footprint: the kernel's spilled stack frames
 
 
 def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
@@ -440,11 +442,13 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     kept_w = sum(w for w, r in zip(plan.stage_weights, resident) if r) if rbs > 1 else 0.0
     footprint = _l2_footprint(region, plan, stage_atoms, resident, kept_w, queue_bytes, bm,
                               rb_per_unit, rbs)
+    frames = 0.0
     if spec.efficiency.l2_local_frame_share:
         # the kernel's threads' stack frames (register spills) live in L2 beside the rings
         feats = [stage_frame_features(g, spec, st) for st in c.stages]
-        footprint += spec.efficiency.l2_local_frame_share * local_frame_bytes(
+        frames = spec.efficiency.l2_local_frame_share * local_frame_bytes(
             feats, spec, TEAMS_PER_SM * TEAM_THREADS * sum(c.sms))
+        footprint += frames
     wb_frac = write_back_fraction(footprint, spec)
     hit = streamed_weight_hit(sum(w for w, r in zip(plan.stage_weights, resident) if not r)
                               if rbs > 1 else 0.0, spec)
@@ -564,7 +568,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                        write_back, tuple(resident), tuple(single),
                        tuple(i if len(a) == 1 or not w else max(i, slabs)
                              for i, a, w in zip(inflight, stage_atoms, writers)),
-                       tuple(splitk), tuple(writers), footprint, kept_w, rbs)
+                       tuple(splitk), tuple(writers), footprint, kept_w, rbs, frames)
 
 
 def _stage_steps(g, spec: HwSpec, stage, sub: Region) -> list[tuple[str, ...]]:

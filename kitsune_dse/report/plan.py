@@ -81,7 +81,11 @@ def region_dict(idx: int, region: Region, strategy: str, est: Estimate, choice, 
                          "bottleneck_stage": b["bottleneck_stage"],
                          "queue_bytes": b["queue_bytes"], "queue_spill_bytes": b["queue_spill_bytes"],
                          "queue_write_back_bytes": b["queue_write_back_bytes"],
-                         "weight_reread_bytes": b["weight_reread_bytes"]}
+                         "weight_reread_bytes": b["weight_reread_bytes"],
+                         # what L2 holds over one ring cycle (the write-back grows with it), of
+                         # which the kernel's spilled stack frames
+                         "l2_footprint_bytes": b["l2_footprint_bytes"],
+                         "l2_frame_bytes": b["l2_frame_bytes"]}
     return d
 
 
