@@ -157,8 +157,9 @@ def probed_region(regions) -> int:
 # every pipeline probe is fitted: NeRF's many small rings (wb-nerf, wbr-nerf, wbn-w) wrote back
 # where the footprint without the kernel's local memory said none; with its spilled frames
 # (bench/frame_probe.py) they follow the same logistic as the one-ring probes
-def fit_probes(csvs: list[Path]) -> list[dict]:
-    """The measured probes (median over the CSVs given) as calibrate.fit_dram wants them."""
+def _probe_medians(csvs: list[Path], keep, columns: dict[str, str]) -> list[dict]:
+    """Each probe whose name `keep` accepts, with its graph and pipeline choice and, per key of
+    `columns`, the median over the CSVs given of that CSV column."""
     import statistics
 
     import pandas as pd
@@ -168,14 +169,19 @@ def fit_probes(csvs: list[Path]) -> list[dict]:
     d = pd.concat([pd.read_csv(c) for c in csvs])
     out = []
     for name, grp in d.groupby("probe", sort=True):
-        if name not in PROBES or name.startswith("gemm-"):
+        if not keep(name):
             continue
         (model, sizes), regions = PROBES[name]
         rd = next(r for r in regions if r["strategy"] == "pipeline")
         out.append({"name": name, "graph": load_model(model, sizes), "choice": choice_from_region(rd),
-                    "read_bytes": statistics.median(grp["measured_dram_read_bytes"]),
-                    "write_bytes": statistics.median(grp["measured_dram_write_bytes"])})
+                    **{k: statistics.median(grp[col]) for k, col in columns.items()}})
     return out
+
+
+def fit_probes(csvs: list[Path]) -> list[dict]:
+    """The measured probes (median over the CSVs given) as calibrate.fit_dram wants them."""
+    return _probe_medians(csvs, lambda n: n in PROBES and not n.startswith("gemm-"),
+                          {"read_bytes": "measured_dram_read_bytes", "write_bytes": "measured_dram_write_bytes"})
 
 
 WEIGHT_STREAM_CSVS = "results/validation/h100/dram_probe/weight_stream/dram_probe_run_*.csv"
@@ -184,20 +190,7 @@ WEIGHT_STREAM_CSVS = "results/validation/h100/dram_probe/weight_stream/dram_prob
 def weight_stream_rows(csvs: list[Path]) -> list[dict]:
     """The slab-fed weight-streaming pairs (ws-pair-*), median latency over the run CSVs given,
     as calibrate.fit.fit_concurrent_stream wants them."""
-    import statistics
-
-    import pandas as pd
-
-    from kitsune_dse.graph import load_model
-    from kitsune_dse.report.plan import choice_from_region
-    d = pd.concat([pd.read_csv(c) for c in csvs])
-    out = []
-    for name, grp in d[d["probe"].str.startswith("ws-pair-")].groupby("probe", sort=True):
-        (model, sizes), regions = PROBES[name]
-        rd = next(r for r in regions if r["strategy"] == "pipeline")
-        out.append({"name": name, "graph": load_model(model, sizes), "choice": choice_from_region(rd),
-                    "time_s": statistics.median(grp["measured_latency_s"])})
-    return out
+    return _probe_medians(csvs, lambda n: n.startswith("ws-pair-"), {"time_s": "measured_latency_s"})
 
 
 GEMM_CSVS = "results/validation/h100/dram_probe/gemm/dram_probe_ncu_*.csv"

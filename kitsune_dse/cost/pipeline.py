@@ -922,14 +922,12 @@ def _time_stages(works, totals: dict, plan: StagePlan, spec: HwSpec, units: int)
     depths = tuple(d * plan.slabs for d in c.depths)
     sim = _tandem(t, srv, units, depths, plan.slabs, spec)
     bw_bound = _bw_floor(works, totals, spec, sum(c.sms), units)
+    # weight-streaming stages fed slab by slab: their DRAM share, not the slabs' tandem, sets
+    # when they end (earlier or later than the tandem)
     flow = _weight_stream_flow(works, plan, spec, t * units)
     if flow is not None:
-        # weight-streaming stages fed slab by slab: their DRAM share, not the slabs' tandem,
-        # sets when they end
         bw_bound = max(bw_bound, flow)
-        t = t * (bw_bound / sim.makespan_s)
-        sim = _tandem(t, srv, units, depths, plan.slabs, spec)
-    elif bw_bound > sim.makespan_s:
+    if flow is not None or bw_bound > sim.makespan_s:
         # the stages share one DRAM: when together they ask for more than the chip delivers,
         # every stage slows by the same factor (keeps the per-tile timeline consistent)
         t = t * (bw_bound / sim.makespan_s)

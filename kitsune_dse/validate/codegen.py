@@ -8,7 +8,6 @@ group's chain; CG is a bit mask of the full-shape inputs read from ring slots (l
 from __future__ import annotations
 
 import os
-
 from dataclasses import dataclass, field
 
 from kitsune_dse.errors import KitsuneError
