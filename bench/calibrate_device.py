@@ -587,6 +587,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
     pipe_ew = fit_saturating(raw["pipe_ew_sms"]) if raw.get("pipe_ew_sms") else None
     date = raw.get("env", {}).get("date", "")[:10]
     out = {}
+    residue_fit = None
     for sp, name, what in ((harness, f"{base}.calibrated", "the validation harness's own GEMM tile "
                             "(mma.sync 128x128x64): use it for plan, bsp-*, fusion* predictions"),
                            (cublas, f"{base}-cublas.calibrated", "cuBLAS (cublasGemmStridedBatchedEx): "
@@ -679,8 +680,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"] = {**data["efficiency"], **{k: d[k] for k in FIELDS}}
             cal["pipeline_l2_fit"] = {**d, "measurements": [str(c.relative_to(ROOT)) for c in dram_csvs]}
         sys.path.insert(0, str(ROOT / "bench"))
-        from dram_probe import (GEMM_CSVS, WEIGHT_STREAM_CSVS, gemm_grid_rows, library_grid_rows,
-                                weight_stream_rows)
+        from dram_probe import (GEMM_CSVS, SEQ_CSVS, WEIGHT_STREAM_CSVS, gemm_grid_rows, library_grid_rows,
+                                sequence_rows, weight_stream_rows)
         gemm_csvs = sorted(ROOT.glob(GEMM_CSVS))
         if gemm_csvs:
             # a standalone GEMM grid's operand reads, on ncu's bytes of GEMM grids that are not
@@ -696,6 +697,17 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
                 lg = fit_library_read_grid(spec_from_dict(data, name), library_grid_rows(gemm_csvs))
                 data["gemm_read_grids"] = lg["gemm_read_grids"]
                 cal["library_read_grid_fit"] = {**lg, "measurements": where}
+        seq_csvs = sorted(ROOT.glob(SEQ_CSVS))
+        if seq_csvs:
+            # what a kernel sequence leaves dirty in L2 when it ends, on ncu's write bytes of
+            # sequences that are not the suite's: the same L2 for both specs, fitted with the
+            # harness's kernels (the sequences' plan variant) and given to both
+            from kitsune_dse.calibrate.fit_dram import RESIDUE_FIELDS, fit_dirty_residue
+            if residue_fit is None:
+                residue_fit = fit_dirty_residue(spec_from_dict(data, name), sequence_rows(seq_csvs))
+                residue_fit["measurements"] = [str(c.relative_to(ROOT)) for c in seq_csvs]
+            data["efficiency"] = {**data["efficiency"], **{k: residue_fit[k] for k in RESIDUE_FIELDS}}
+            cal["dirty_residue_fit"] = residue_fit
         if pipe_ew:
             cal["harness_stage_hbm"] = (f"the harness's persistent-kernel elementwise stage (2 x 256 "
                                         f"threads per SM) fits {pipe_ew['per_sm_Bps'] / 1e9:.3g} GB/s per SM, "

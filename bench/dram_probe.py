@@ -60,6 +60,10 @@ def _bsp(ops):
     return {"strategy": "bsp", "ops": list(ops)}
 
 
+def _fused(ops):
+    return {"strategy": "fusion", "ops": list(ops)}
+
+
 def _one(ops, sms, rows=128):
     return _pipe([list(ops)], [sms], rows, [], [])
 
@@ -149,8 +153,52 @@ for _m, _n, _k in GEMM_SHAPES:
                                       [_bsp(["fc1"]), _bsp(["gelu", "fc2", "residual"])])
 
 
-def probed_region(regions) -> int:
-    """The region a probe measures: its pipeline, else its first."""
+# fifteenth session: what a kernel finds in L2 of what the kernel before it read or wrote. The
+# same MLP cut into one, two and four kernel-per-op (plan) or fused (fusion) kernels, each range
+# from a flushed L2: a later kernel's reads are the difference of two ranges. Sizes are none of
+# the suite's: a GEMM's output smaller than L2 behind a weight-streaming GEMM (gptm, t1k), a
+# 100 MB intermediate with a 25 MB input re-read by the residual (bertm), an MLP that fits L2
+# (small: dlrm's eager kernels wrote back 3.4 MB where its fused ones wrote 0.1)
+SEQ_FAMILIES = {"gptm": {"tokens": 2048, "hidden": 8192, "ffn": 4096},
+                "bertm": {"tokens": 12288, "hidden": 1024, "ffn": 4096},
+                "t1k": {"tokens": 1024, "hidden": 12288, "ffn": 6144},
+                "small": {"tokens": 2048, "hidden": 512, "ffn": 2048}}    # 27 MB in all: fits L2
+SEQ_VARIANTS = ["plan", "cublas"]
+PROBED = {}
+for _f, _sizes in SEQ_FAMILIES.items():
+    PROBES[f"seq-{_f}-1"] = (("gpt3-mlp", _sizes), [_bsp(["fc1"]), _bsp(["gelu", "fc2", "residual"])])
+    PROBES[f"seq-{_f}-2"] = (("gpt3-mlp", _sizes), [_bsp(["fc1", "gelu"]), _bsp(["fc2", "residual"])])
+    PROBES[f"seq-{_f}-2b"] = PROBES[f"seq-{_f}-2"]
+    PROBED[f"seq-{_f}-2b"] = 1          # fc2 + residual from a flushed L2
+    PROBES[f"seq-{_f}-4"] = (("gpt3-mlp", _sizes), [_bsp(["fc1", "gelu", "fc2", "residual"])])
+    PROBES[f"seq-{_f}-3"] = (("gpt3-mlp", _sizes), [_bsp(["fc1", "gelu"]), _bsp(["fc2"]), _bsp(["residual"])])
+    PROBED[f"seq-{_f}-3"] = 1           # fc2 alone from a flushed L2
+    PROBES[f"seq-{_f}-4f"] = (("gpt3-mlp", _sizes), [_fused(["fc1", "gelu", "fc2", "residual"])])
+# diagnostic only, never fitted: the suite's own gpt3 t2048 and bert shapes cut the same way
+# (their kernel-per-op baselines read 28 and 18 MB beyond their fused ones where the position
+# model says 74 and 126)
+DIAG_FAMILIES = {"t2k": {"tokens": 2048, "tp": 8}, "bert": {"tokens": 16384, "hidden": 768}}
+for _f, _sizes in DIAG_FAMILIES.items():
+    for _x, _regions in (("1", [_bsp(["fc1"]), _bsp(["gelu", "fc2", "residual"])]),
+                         ("2", [_bsp(["fc1", "gelu"]), _bsp(["fc2", "residual"])]),
+                         ("3", [_bsp(["fc1", "gelu"]), _bsp(["fc2"]), _bsp(["residual"])]),
+                         ("4", [_bsp(["fc1", "gelu", "fc2", "residual"])])):
+        PROBES[f"diag-{_f}-{_x}"] = (("gpt3-mlp", _sizes), _regions)
+    PROBES[f"diag-{_f}-4f"] = (("gpt3-mlp", _sizes), [_fused(["fc1", "gelu", "fc2", "residual"])])
+    PROBES[f"diag-{_f}-2b"] = PROBES[f"diag-{_f}-2"]
+    PROBED[f"diag-{_f}-2b"] = 1
+    PROBED[f"diag-{_f}-3"] = 1
+# LLaMA's gated MLP, kernel per op: x read by two GEMMs and the residual, two products multiplied
+LLAMA_1K = ("llama2-7b-mlp", {"tokens": 1024})
+LLAMA_OPS = ["gate_proj", "up_proj", "silu", "gate_mul", "down_proj", "residual"]
+for _i in (1, 2, 4, 6):
+    PROBES[f"seq-llm-{_i}"] = (LLAMA_1K, [_bsp(LLAMA_OPS[:_i])] + ([_bsp(LLAMA_OPS[_i:])] if _i < 6 else []))
+
+
+def probed_region(regions, name: str = "") -> int:
+    """The region a probe measures: its pipeline, else its first (or the one PROBED names)."""
+    if name in PROBED:
+        return PROBED[name]
     return next((i for i, r in enumerate(regions) if r["strategy"] == "pipeline"), 0)
 
 
@@ -180,7 +228,7 @@ def _probe_medians(csvs: list[Path], keep, columns: dict[str, str]) -> list[dict
 
 def fit_probes(csvs: list[Path]) -> list[dict]:
     """The measured probes (median over the CSVs given) as calibrate.fit_dram wants them."""
-    return _probe_medians(csvs, lambda n: n in PROBES and not n.startswith("gemm-"),
+    return _probe_medians(csvs, lambda n: n in PROBES and not n.startswith(("gemm-", "seq-", "diag-")),
                           {"read_bytes": "measured_dram_read_bytes", "write_bytes": "measured_dram_write_bytes"})
 
 
@@ -191,6 +239,28 @@ def weight_stream_rows(csvs: list[Path]) -> list[dict]:
     """The slab-fed weight-streaming pairs (ws-pair-*), median latency over the run CSVs given,
     as calibrate.fit.fit_concurrent_stream wants them."""
     return _probe_medians(csvs, lambda n: n.startswith("ws-pair-"), {"time_s": "measured_latency_s"})
+
+
+SEQ_CSVS = "results/validation/h100/dram_probe/seq/dram_probe_ncu_*.csv"
+
+
+def sequence_rows(csvs: list[Path]) -> list[dict]:
+    """The kernel sequences (seq-*, not the diagnostic diag-*) as the harness ran them (variant
+    plan), median over the CSVs given, as calibrate.fit_dram.fit_dirty_residue wants them."""
+    import pandas as pd
+
+    from kitsune_dse.graph import load_model
+    d = pd.concat([pd.read_csv(c) for c in csvs])
+    d = d[d["probe"].str.startswith("seq-") & (d["variant"] == "plan")]
+    out = []
+    for name, grp in d.groupby("probe", sort=True):
+        (model, sizes), regions = PROBES[name]
+        plan = json.loads((PROBES_DIR / f"{name}.json").read_text())
+        region = plan["regions"][probed_region(regions, name)]
+        out.append({"name": name, "graph": load_model(model, sizes), "ops": region["ops"],
+                    "kernels": region["kernels"], "read_bytes": float(grp["measured_dram_read_bytes"].median()),
+                    "write_bytes": float(grp["measured_dram_write_bytes"].median())})
+    return out
 
 
 GEMM_CSVS = "results/validation/h100/dram_probe/gemm/dram_probe_ncu_*.csv"
@@ -262,7 +332,7 @@ def prepare() -> None:
         new["model"] = base["model"]
         f = PROBES_DIR / f"{name}.json"
         f.write_text(json.dumps(new, indent=1))
-        r = new["regions"][probed_region(regions)]
+        r = new["regions"][probed_region(regions, name)]
         p = r["predicted"]
         pl = r.get("pipeline") or {}
         manifest.append({"probe": name, "file": str(f.relative_to(ROOT)), "region": r["id"],
@@ -299,9 +369,10 @@ def precompile() -> None:
     from kitsune_dse.validate.runtime import Tensors, make_variants
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
     srcs = []
-    for _, _, graph, region in _regions():
+    for m, _, graph, region in _regions():
         reg = Region(graph, region)
-        srcs += [v.build() for v in make_variants(reg, region, Tensors(reg), info, which=["plan"])]
+        which = SEQ_VARIANTS[:1] if m["probe"].startswith(("seq-", "diag-")) else ["plan"]
+        srcs += [v.build() for v in make_variants(reg, region, Tensors(reg), info, which=which)]
     out = ROOT / "bench/.cubin_cache"
     out.mkdir(parents=True, exist_ok=True)
     with cf.ThreadPoolExecutor(8) as ex:
@@ -327,7 +398,8 @@ def ncu_child(order_path: str) -> None:
             order.append([m["probe"], v.name])
             Path(order_path).write_text(json.dumps(order))
         # a standalone GEMM grid also as cuBLAS runs it (the cublas baselines' reads)
-        variants = ["plan", "cublas"] if m["probe"].startswith("gemm-") else ["plan"]
+        variants = (["plan", "cublas"] if m["probe"].startswith("gemm-") else
+                    SEQ_VARIANTS if m["probe"].startswith(("seq-", "diag-")) else ["plan"])
         profile_region(Region(graph, region), region, info, variants, stream, flush, on_range)
 
 
@@ -403,9 +475,9 @@ def report(src: Path) -> None:
         plan = json.loads(f.read_text())
         graph = load_model(model, sizes)
         new = evaluate_plan({k: v for k, v in plan.items() if k != "predicted"}, graph, spec, where=name)
-        r = new["regions"][probed_region(regions)]
+        r = new["regions"][probed_region(regions, name)]
         cur[name, "plan"] = (r["predicted"]["dram_read_bytes"], r["predicted"]["dram_write_bytes"])
-        if name.startswith("gemm-"):
+        if name.startswith(("gemm-", "seq-", "diag-")):
             e = library_bsp(CRegion.of(graph, r["ops"]), spec, LaunchChoice("eager"), library_spec=cspec)
             cur[name, "cublas"] = (e.dram_read_bytes, e.dram_write_bytes)
     print(f"{'probe':34s} {'meas R':>8s} {'pred R':>8s} {'err':>6s} {'meas W':>8s} {'pred W':>8s} {'err':>6s}  (MB)")

@@ -17,7 +17,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "bench"))
 
-from accuracy import median_over_runs, repeat_runs, spearman  # noqa: E402
+from accuracy import median_over_runs, ncu_rows, repeat_runs, spearman  # noqa: E402
 
 from kitsune_dse.cost.region import Region  # noqa: E402
 from kitsune_dse.cost.strategies import LaunchChoice, bsp, fusion, library_bsp  # noqa: E402
@@ -43,7 +43,7 @@ def main() -> None:
     if not a.primary_only:
         # the same latencies accuracy.py reports: the median over the suite's repeated runs
         rows = median_over_runs(rows, [list(csv.DictReader(open(p))) for p in repeat_runs(RESULTS)])
-    ncu = list(csv.DictReader(open(RESULTS / "validation_ncu.csv")))
+    ncu = ncu_rows(RESULTS)
     manifest = json.loads((RESULTS / "manifest.json").read_text())
     lat_err, dram_err, sp = [], [], []
     for w in manifest["workloads"]:
@@ -66,7 +66,8 @@ def main() -> None:
                 if n["plan"] == f"{name}/{stem}" and n["variant"] == "plan":
                     rd = new["regions"][int(n["region"])]["predicted"]
                     m = float(n["measured_dram_read_bytes"]) + float(n["measured_dram_write_bytes"])
-                    dram_err.append((f"{name}/{stem} r{n['region']}", rd["dram_bytes"], m))
+                    dram_err.append((f"{name}/{stem} r{n['region']}",
+                                     rd["dram_bytes"] - rd.get("dram_write_deferred_bytes", 0.0), m))
         region = Region.of(graph)
         base = {"bsp-graph": bsp(region, spec), "bsp-eager": bsp(region, spec, LaunchChoice("eager")),
                 "fusion-graph": fusion(region, spec), "fusion": fusion(region, spec, LaunchChoice("eager")),
@@ -79,7 +80,7 @@ def main() -> None:
             n = next((x for x in ncu if x["plan"] == f"{name}/whole" and x["variant"] == v), None)
             if n:
                 m = float(n["measured_dram_read_bytes"]) + float(n["measured_dram_write_bytes"])
-                dram_err.append((f"{name}/whole {v}", e.dram_bytes, m))
+                dram_err.append((f"{name}/whole {v}", e.dram_bytes_in_run, m))
         plans = [x for x in alts if x[0].startswith(("explorer", "hand"))]
         sp.append(spearman([x[1] for x in plans], [x[2] for x in plans]))
         for stem, pr, m in alts:

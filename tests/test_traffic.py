@@ -1,9 +1,12 @@
 """DRAM traffic of kernel sequences (kitsune_dse.cost.region.kernel_works), by hand.
 
-Test spec: usable L2 = 50 MiB * 0.75 = 37.5 MiB. An intermediate stays in L2 between its
-producer and a consumer when its bytes plus the bytes touched by the kernels in between fit
-that budget; otherwise the consumer re-reads it from DRAM. Every tensor a kernel writes reaches
-DRAM (L2 writes dirty lines back: ncu on the suite's baselines), even one read from L2 later.
+Test spec: usable L2 = 50 MiB * 0.75 = 37.5 MiB. A part of a tensor stays in L2 between the
+kernel that last touched it and the one that reads it when the bytes touched in between fit that
+budget: the rest of the earlier kernel after the part, the kernels between, and the later kernel
+up to the part (cost.reuse: element-wise kernels stream in memory order, a GEMM by waves and,
+along K, slice by slice); otherwise the part is re-read from DRAM. Every tensor a kernel writes
+reaches DRAM (L2 writes dirty lines back: ncu on the suite's baselines), even one read from L2
+later; the test spec keeps none of it dirty past the region (efficiency.l2_dirty_fraction 0).
 """
 from __future__ import annotations
 
@@ -61,14 +64,22 @@ def test_traffic_of_the_kernels_in_between_evicts_an_intermediate():
         return build("between", [Tensor("x", (rows, 4096), "fp16")],
                      [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("x",), ("t2",)),
                       ("op2", "add", ("t1", "t2"), ("y",))], ["x"], [])
-    # 16 MiB tensors: op1 touches x (16) + t2 (16) = 32 MiB in between; 16 + 32 = 48 > 37.5, so
-    # op2 reads t1 from DRAM; x (16 + 0) and t2 (16 + 0) are read from L2 (every write reaches DRAM)
-    assert traffic(bsp_works(graph(2048))) == [
-        ("op0", 16.0, 16.0, 0.0), ("op1", 0.0, 16.0, 16.0), ("op2", 16.0, 16.0, 16.0)]
-    # 8 MiB tensors: 8 + (8 + 8) = 24 <= 37.5: only x is read from DRAM, and the region's 32
-    # distinct MiB stay in L2: only y is written
+    # 16 MiB tensors: between op0's write of a part of t1 and op2's read of it lie the rest of op0
+    # (x, t1: 32 MiB in all), op1 (32) and the start of op2 (t1, t2, y: 48): > 37.5, from DRAM.
+    # x: op0 reads row f at f of its 32 MiB, op1 at f of its 32: 32 MiB apart, from L2. t2: op1
+    # writes row f with (1 - f) x 32 MiB of op1 to go, op2 reads it after f x 48: within 37.5 MiB
+    # for f <= 5.5 / 16 (179 of its 512 parts of 128 x 128), the rest from DRAM
+    works = bsp_works(graph(2048))
+    assert traffic(works[:2]) == [("op0", 16.0, 16.0, 0.0), ("op1", 0.0, 16.0, 16.0)]
+    t2_hit = 16.0 * 179 / 512
+    assert traffic(works[2:]) == [("op2", 32.0 - t2_hit, 16.0, t2_hit)]
+    assert t2_hit == pytest.approx(16.0 * 5.5 / 16, abs=16.0 * 3 / 512)
+    # 8 MiB tensors: t1's row f waits (1 - f) x 16 MiB of op0, op1's 16 and f x 24 of op2: within
+    # 37.5 for f <= 11 / 16 (179 of 256 parts), the rest from DRAM; t2 (16 + 8 f) always fits.
+    # The region's 32 distinct MiB stay in L2: only y is written
+    t1_miss = 8.0 * 77 / 256
     assert traffic(bsp_works(graph(1024))) == [
-        ("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 0.0, 8.0), ("op2", 0.0, 8.0, 16.0)]
+        ("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 0.0, 8.0), ("op2", t1_miss, 8.0, 16.0 - t1_miss)]
 
 
 def test_weights_are_read_once_when_they_stay_in_l2():
@@ -91,7 +102,10 @@ def test_weights_are_read_once_when_they_stay_in_l2():
     works = bsp_works(g)
     w_bytes = 4096 * 8192 * 2                                    # 64 MiB
     assert works[0].dram_read_bytes == 256 * 4096 * 2 + w_bytes
-    assert works[2].dram_read_bytes == w_bytes                   # z (4 MiB) came from L2
+    # z (2 MiB, written at mm2's end) is read one K slice at a time as mm3 streams w: the slice at
+    # k of its 32 after k x 70 MiB of mm3 (z, w, y), from DRAM beyond 37.5 MiB: 15 of 32 slices
+    z_bytes = 256 * 4096 * 2
+    assert works[2].dram_read_bytes == w_bytes + z_bytes * 15 / 32
 
 
 def test_a_large_weight_used_once_is_read_exactly_once():

@@ -190,3 +190,42 @@ def fit_library_read_grid(spec: HwSpec, probes: list[dict]) -> dict:
             "mape_pct": float(100 * np.mean(np.abs(np.exp(after) - 1))),
             "rms_log_error_one_grid": {"x".join(map(str, c)): round(rms(err(table[c])), 4) for c in cands},
             "residual_pct": {p["name"]: round(100 * (math.exp(v) - 1), 1) for p, v in zip(probes, after)}}
+
+
+RESIDUE_FIELDS = ("l2_recent_fraction", "l2_dirty_fraction")
+
+
+def sequence_dram_bytes(spec: HwSpec, graph, ops, kernels) -> tuple[float, float]:
+    """(read, write) DRAM bytes the model gives a kernel sequence (cost.region.kernel_works) as
+    one ncu range sees it: the writes still dirty in L2 at its end left out."""
+    from kitsune_dse.cost.region import Region, kernel_works
+    works = kernel_works(Region.of(graph, list(ops)), [tuple(k) for k in kernels], spec)
+    return (sum(w.dram_read_bytes for w in works),
+            sum(w.dram_write_bytes - w.deferred_write_bytes for w in works))
+
+
+def fit_dirty_residue(spec: HwSpec, rows: list[dict]) -> dict:
+    """Fit efficiency.l2_recent_fraction and l2_dirty_fraction (cost.reuse.dirty_residue) to the
+    DRAM write bytes ncu measured on kernel sequences (rows: graph, ops, kernels, write_bytes;
+    bench/dram_probe.py seq-*, none a suite size), least squares in bytes: the residue is a few
+    MB whatever the sequence writes. The residue is piecewise linear in both: the best of a grid,
+    then refined."""
+    if not rows:
+        raise ValueError("no kernel-sequence measurements")
+    meas = np.array([r["write_bytes"] for r in rows], dtype=float)
+
+    def resid(x):
+        s = spec.model_copy(update={"efficiency": spec.efficiency.model_copy(
+            update=dict(zip(RESIDUE_FIELDS, (float(x[0]), float(x[1])))))})
+        return np.array([sequence_dram_bytes(s, r["graph"], r["ops"], r["kernels"])[1] for r in rows]) - meas
+
+    before = resid([0.0, 0.0])
+    grid = [(a, b) for a in np.arange(0.3, 1.51, 0.1) for b in np.arange(0.1, 0.71, 0.05)]
+    x0 = min(grid, key=lambda x: float(np.sum(resid(x) ** 2)))
+    r = least_squares(resid, np.array(x0), bounds=([0.0, 0.0], [2.0, 1.0]), diff_step=0.02)
+    x = r.x if r.cost <= 0.5 * float(np.sum(resid(x0) ** 2)) else np.array(x0)
+    after = resid(x)
+    return {"l2_recent_fraction": float(x[0]), "l2_dirty_fraction": float(x[1]), "points": len(rows),
+            "rms_write_error_bytes_before": float(np.sqrt(np.mean(before ** 2))),
+            "rms_write_error_bytes": float(np.sqrt(np.mean(after ** 2))),
+            "residual_MB": {r["name"]: round(v / 1e6, 2) for r, v in zip(rows, after)}}

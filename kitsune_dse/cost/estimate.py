@@ -15,6 +15,14 @@ class Estimate:
     sm_busy_fraction: float = 0.0  # mean fraction of SM-time doing work over the makespan
     flops: float = 0.0
     breakdown: dict = field(default_factory=dict, compare=False)
+    # of dram_write_bytes, what is still dirty in L2 when the plan ends (cost.reuse.dirty_residue):
+    # written to DRAM after it, so not seen by a measurement of this run alone (ncu's range)
+    dram_deferred_write_bytes: float = 0.0
+
+    @property
+    def dram_bytes_in_run(self) -> float:
+        """The DRAM bytes moved while it runs (what ncu's range around it counts)."""
+        return self.dram_bytes - self.dram_deferred_write_bytes
 
     @property
     def dram_bytes(self) -> float:
@@ -47,4 +55,5 @@ def sequential(parts: list[Estimate], overlap_s: float = 0.0, **breakdown) -> Es
                     dram_write_bytes=sum(p.dram_write_bytes for p in parts),
                     l2_bytes=max((p.l2_bytes for p in parts), default=0.0),
                     kernel_launches=sum(p.kernel_launches for p in parts),
-                    sm_busy_fraction=busy, flops=sum(p.flops for p in parts), breakdown=breakdown)
+                    sm_busy_fraction=busy, flops=sum(p.flops for p in parts), breakdown=breakdown,
+                    dram_deferred_write_bytes=sum(p.dram_deferred_write_bytes for p in parts))

@@ -28,6 +28,7 @@ import numpy as np
 
 from kitsune_dse.cost.gemm_l2 import operand_reads
 from kitsune_dse.cost.memo import table
+from kitsune_dse.cost.reuse import dirty_residue, hit_fraction, touch_positions
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
                                        gemm_tile_options, gemm_tiles, simt_flops, split_k_partials_bytes)
 from kitsune_dse.graph.ir import DTYPE_BYTES, Graph, OpClass
@@ -192,22 +193,23 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         tail[i] = acc
     outputs = {view_base(g, t) for t in region.outputs}
     last_touch: dict[str, int] = {}    # tensor -> last kernel index that wrote or read it
-    works = []
+    args = []
+    kept = []                          # per kernel: written intermediates no kernel evicts
     for i, (grp, (reads, writes)) in enumerate(zip(groups, rw)):
         d_r = l2_r = w_dram = a_dram = 0.0
         for t, b in reads.items():
             j = last_touch.get(t)
-            between = prefix[i] - prefix[j + 1] if j is not None else math.inf
-            size = float(g.tensors[t].nbytes)
-            if (j is not None and size + between <= budget) or handed_over(region, spec, t):
-                l2_r += b
-            else:
-                d_r += b
-                gemm_ops = [g.op(o) for o in grp if g.op(o).info.gemm is not None]
-                if any(op.inputs[1:2] == (t,) for op in gemm_ops):
-                    w_dram += b     # a GEMM's B operand from DRAM (gemm_l2: re-read by later waves)
-                elif any(op.inputs[:1] == (t,) for op in gemm_ops):
-                    a_dram += b
+            hit = 1.0 if handed_over(region, spec, t) else 0.0 if j is None else hit_fraction(
+                _touch(g, tuple(groups[j]), t)[1], _touch(g, tuple(grp), t)[0], touched[j], prefix[i] - prefix[j + 1],
+                touched[i], budget)
+            l2_r += hit * b
+            miss = (1.0 - hit) * b
+            d_r += miss
+            if miss > 0.0:
+                if any(g.op(o).inputs[1:2] == (t,) for o in grp if g.op(o).info.gemm is not None):
+                    w_dram += miss     # a GEMM's B operand from DRAM (gemm_l2: re-read by later waves)
+                elif any(g.op(o).inputs[:1] == (t,) for o in grp if g.op(o).info.gemm is not None):
+                    a_dram += miss
             last_touch[t] = i
         d_w = 0.0
         for t, b in writes.items():
@@ -217,8 +219,19 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
             # evicts its dirty lines while the region runs); the region's outputs always leave
             if tail[i] > budget or view_base(g, t) in outputs:
                 d_w += b
-        works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram))
-    return works
+        args.append([grp, d_r, d_w, l2_r, w_dram, a_dram])
+        kept.append(sum(writes.values()) - d_w)
+    works = [group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram)
+             for grp, d_r, d_w, l2_r, w_dram, a_dram in args]
+    residue = dirty_residue([w.dram_read_bytes + sum(x[1].values()) for w, x in zip(works, rw)],
+                            [w.dram_write_bytes for w in works], spec, sum(kept))
+    return [w if r <= 0.0 else w.but(deferred_write_bytes=r) for w, r in zip(works, residue)]
+
+
+def _touch(g: Graph, group: tuple[str, ...], t: str):
+    """Where in its run a kernel touches each part of tensor t (cost.reuse)."""
+    names = frozenset(x for o in group for x in (*g.op(o).inputs, *g.op(o).outputs) if view_base(g, x) == t)
+    return touch_positions(g, group, t, names | {t})
 
 
 def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,

@@ -71,6 +71,9 @@ class KernelWork:
     weight_share: float = 1.0      # efficiency.l2_weight_share of the spec it was costed with
     weight_l2_hit: float = 0.0     # share of a re-read pass L2 still holds (cost.l2_residency
                                    # .streamed_weight_hit: the stages' streamed weights against L2)
+    deferred_write_bytes: float = 0.0  # of dram_write_bytes: still dirty in L2 when its region
+                                   # ends (cost.reuse.dirty_residue), written after it (its
+                                   # time still pays for them, as the next region would)
 
     @property
     def dram_bytes(self) -> float:
@@ -90,6 +93,7 @@ class KernelWork:
         return self.but(tensor_flops=self.tensor_flops * f, simt_flops=self.simt_flops * f,
                        dram_read_bytes=self.dram_read_bytes * f,
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
+                       deferred_write_bytes=self.deferred_write_bytes * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
 

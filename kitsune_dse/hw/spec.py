@@ -108,6 +108,13 @@ class Efficiency(_Strict):
                                   # weights a pipeline keeps in L2: per row-block it reads this x
                                   # their share of the L2 x the write-back fraction of them again
                                   # (evicted beside the rings; bench/dram_probe.py wb*-: 0.30-0.41)
+    l2_recent_fraction: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 0.0
+                                  # when a sequence of kernels ends, L2 holds the last this x
+                                  # l2_bytes of what they brought into it (reads and writes) ...
+    l2_dirty_fraction: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+                                  # ... with at most this x l2_bytes of it dirty: written to DRAM
+                                  # only after the sequence (cost.reuse.dirty_residue; 0: every
+                                  # write reaches DRAM within it)
     # a standalone GEMM grid's operand tiles (cost.gemm_l2; fitted to ncu's bytes of 26 GEMM grids,
     # bench/dram_probe.py gemm-*): the defaults are waves in lockstep and a hard L2 threshold
     grid_reuse_center: Annotated[float, Field(gt=0, le=8, allow_inf_nan=False)] = 1.0
@@ -134,7 +141,7 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_local_frame_share", "l2_resident_reread",
-                   "producer_stream_share",
+                   "producer_stream_share", "l2_recent_fraction", "l2_dirty_fraction",
                    "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",

@@ -40,6 +40,7 @@ def graph_hash(graph: Graph) -> str:
 def estimate_dict(e: Estimate) -> dict:
     return {"latency_s": e.latency_s, "dram_read_bytes": e.dram_read_bytes,
             "dram_write_bytes": e.dram_write_bytes, "dram_bytes": e.dram_bytes,
+            "dram_write_deferred_bytes": e.dram_deferred_write_bytes,
             "l2_bytes": e.l2_bytes, "kernel_launches": e.kernel_launches,
             "sm_busy_fraction": e.sm_busy_fraction}
 

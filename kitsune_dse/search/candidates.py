@@ -130,8 +130,7 @@ class CandidateSet:
         if not m or not (0 <= c.id < len(self.candidates) and self.candidates[c.id] is c):
             return c
         e = c.estimate
-        est = Estimate(e.latency_s, e.dram_read_bytes, e.dram_write_bytes, e.l2_bytes,
-                       e.kernel_launches, e.sm_busy_fraction, e.flops, _rename(e.breakdown, m))
+        est = replace(e, breakdown=_rename(e.breakdown, m))
         return replace(c, estimate=est)
 
     def by_span(self) -> dict[tuple[int, int], list[Candidate]]:

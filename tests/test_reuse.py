@@ -1,0 +1,124 @@
+"""What a kernel finds in L2 of what an earlier kernel touched, and what is still dirty in L2 when
+a sequence of kernels ends (kitsune_dse.cost.reuse), by hand and as properties."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from helpers_graphs import H100, MiB, build
+from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, raster
+from kitsune_dse.cost.region import Region, kernel_works
+from kitsune_dse.cost.reuse import dirty_residue, hit_fraction, touch_positions
+from kitsune_dse.cost.strategies import bsp, bsp_groups
+from kitsune_dse.graph.ir import Tensor
+from kitsune_dse.hw.spec import spec_with_overrides
+
+
+def mlp_head(m=2048, k=8192, n=4096):
+    """h = x @ w1, a = gelu(h): a GEMM of 16 x 32 = 512 CTAs, two waves of 264 and 248."""
+    return build("head", [Tensor("x", (m, k), "fp16"), Tensor("w1", (k, n), "fp16")],
+                 [("fc1", "matmul", ("x", "w1"), ("h",)), ("gelu", "gelu", ("h",), ("a",))],
+                 ["x"], ["w1"])
+
+
+def test_a_gemm_writes_each_output_tile_when_its_wave_ends():
+    g = mlp_head()
+    first, last = touch_positions(g, ("fc1",), "h", frozenset({"h"}))
+    rb, ct = raster(16, 32)
+    at = np.empty((16, 32))
+    at[rb, ct] = np.where(np.arange(512) < WAVE_CTAS, WAVE_CTAS / 512, 1.0)
+    assert np.array_equal(last, at.ravel()) and np.array_equal(first, last)
+    assert np.count_nonzero(last == 1.0) == 512 - WAVE_CTAS
+
+
+def test_a_kernel_after_a_gemm_finds_only_the_last_waves_output():
+    # fc1 touches x (32 MiB), w1 (64) and h (16): 112 MiB. A tile of the first wave has 248 / 512
+    # of that after it (54 MiB > 37.5): gelu reads it from DRAM. A tile of the last wave has
+    # nothing of fc1 after it, and gelu reaches it after at most its own 32 MiB: from L2
+    g = mlp_head()
+    fc1, gelu = kernel_works(Region.of(g), bsp_groups(Region.of(g)), H100)
+    h = 2048 * 4096 * 2
+    assert gelu.dram_read_bytes == h * WAVE_CTAS / 512
+    assert gelu.l2_bytes == h * (512 - WAVE_CTAS) / 512
+
+
+def test_an_element_wise_pair_streams_in_memory_order():
+    # relu writes t1's part p with (1 - (p + 1) / n) x 32 MiB of its own traffic to go and the next
+    # relu reads it after p / n x 32 MiB of its own: 32 - 32 / n MiB apart, within 37.5
+    g = build("pair", [Tensor("x", (2048, 4096), "fp16")],
+              [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("t1",), ("y",))], ["x"], [])
+    works = kernel_works(Region.of(g), bsp_groups(Region.of(g)), H100)
+    assert works[1].dram_read_bytes == 0.0 and works[1].l2_bytes == 16 * MiB
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.floats(0, 200), st.floats(0, 200),
+       st.floats(0, 200), st.floats(1, 100), st.floats(0, 50))
+def test_hit_fraction_is_monotone(pos, last_mb, between_mb, now_mb, budget_mb, more_mb):
+    last = np.array(pos)
+    first = np.array(pos[::-1])
+    h = hit_fraction(last, first, last_mb, between_mb, now_mb, budget_mb)
+    assert 0.0 <= h <= 1.0
+    # more traffic in between, before or after never finds more; a larger L2 never finds less
+    assert hit_fraction(last, first, last_mb, between_mb + more_mb, now_mb, budget_mb) <= h
+    assert hit_fraction(last, first, last_mb + more_mb, between_mb, now_mb, budget_mb) <= h
+    assert hit_fraction(last, first, last_mb, between_mb, now_mb + more_mb, budget_mb) <= h
+    assert hit_fraction(last, first, last_mb, between_mb, now_mb, budget_mb + more_mb) >= h
+
+
+def residue_spec(recent, dirty):
+    return spec_with_overrides(H100, {"efficiency.l2_recent_fraction": recent,
+                                      "efficiency.l2_dirty_fraction": dirty})
+
+
+def test_dirty_residue_by_hand():
+    s = residue_spec(0.8, 0.3)      # the last 40 MiB brought in, at most 15 MiB of it dirty
+    # the last kernel brings in 30 MiB, a third written: 10 dirty; 10 MiB more of the kernel
+    # before, a fifth written: 2
+    assert dirty_residue([100 * MiB, 30 * MiB], [20 * MiB, 10 * MiB], s) == [2 * MiB, 10 * MiB]
+    # all 30 MiB of the last written: 15 MiB at most stay dirty, nothing of the kernel before
+    assert dirty_residue([100 * MiB, 30 * MiB], [20 * MiB, 30 * MiB], s) == [0.0, 15 * MiB]
+    # intermediates the region keeps in L2 take their share of the dirty lines
+    assert dirty_residue([100 * MiB, 30 * MiB], [20 * MiB, 10 * MiB], s, kept_dirty=12 * MiB) == [0.0, 3 * MiB]
+    # the uncalibrated default: every write reaches DRAM within the sequence
+    assert dirty_residue([100 * MiB, 30 * MiB], [20 * MiB, 10 * MiB], H100) == [0.0, 0.0]
+
+
+def test_a_sequence_reports_its_dirty_residue_beside_its_writes():
+    # relu, relu over 64 MiB tensors: op1 brings in t1 (64) and y (64), half written; the last
+    # 50 MiB of it hold 25 MiB of y, at most 15 MiB of it dirty
+    g = build("chain", [Tensor("x", (8192, 4096), "fp16")],
+              [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("t1",), ("y",))], ["x"], [])
+    e = bsp(Region.of(g), residue_spec(1.0, 0.3))
+    t = 8192 * 4096 * 2
+    assert e.dram_write_bytes == 2 * t                      # every write still reaches DRAM ...
+    assert e.dram_deferred_write_bytes == pytest.approx(15 * MiB)   # ... 15 MiB after the run
+    assert e.dram_bytes_in_run == pytest.approx(4 * t - 15 * MiB)
+    # the same time: the writes still cost the region (the next one would pay them)
+    assert e.latency_s == bsp(Region.of(g), H100).latency_s
+
+
+def test_the_residue_fit_recovers_the_writes_it_was_made_from():
+    from kitsune_dse.calibrate.fit_dram import fit_dirty_residue, sequence_dram_bytes
+    truth = residue_spec(0.9, 0.3)
+    rows = []
+    # sequences ending in an element-wise kernel (residue capped), in a GEMM (a small share of
+    # its traffic written) and in a short one (all of it within the window)
+    for name, rows_, ops in (("relu2-64", 8192, ("relu", "relu")), ("relu2-16", 2048, ("relu", "relu")),
+                             ("relu1-32", 4096, ("relu",))):
+        g = build(name, [Tensor("x", (rows_, 4096), "fp16")],
+                  [(f"op{i}", k, ("x",) if i == 0 else (f"t{i}",), (f"t{i + 1}",)) for i, k in enumerate(ops)],
+                  ["x"], [])
+        rows.append({"name": name, "graph": g, "ops": [o.name for o in g.ops], "kernels": [[o.name] for o in g.ops]})
+    g = mlp_head(2048, 8192, 4096)
+    rows.append({"name": "gemm", "graph": g, "ops": ["fc1"], "kernels": [["fc1"]]})
+    rows.append({"name": "gemm-gelu", "graph": g, "ops": ["fc1", "gelu"], "kernels": [["fc1"], ["gelu"]]})
+    for r in rows:
+        r["write_bytes"] = sequence_dram_bytes(truth, r["graph"], r["ops"], r["kernels"])[1]
+    f = fit_dirty_residue(H100, rows)
+    assert f["rms_write_error_bytes"] < 0.05 * MiB < f["rms_write_error_bytes_before"]
+    fitted = residue_spec(f["l2_recent_fraction"], f["l2_dirty_fraction"])
+    for r in rows:
+        assert sequence_dram_bytes(fitted, r["graph"], r["ops"], r["kernels"])[1] == pytest.approx(r["write_bytes"], abs=0.1 * MiB)
