@@ -199,9 +199,15 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         d_r = l2_r = w_dram = a_dram = 0.0
         for t, b in reads.items():
             j = last_touch.get(t)
-            hit = 1.0 if handed_over(region, spec, t) else 0.0 if j is None else hit_fraction(
-                _touch(g, tuple(groups[j]), t)[1], _touch(g, tuple(grp), t)[0], touched[j], prefix[i] - prefix[j + 1],
-                touched[i], budget)
+            if handed_over(region, spec, t):
+                hit = 1.0
+            elif j is None or prefix[i] - prefix[j + 1] >= budget:
+                hit = 0.0
+            elif prefix[i + 1] - prefix[j] <= budget:     # both kernels whole and all between fit
+                hit = 1.0
+            else:
+                hit = hit_fraction(_touch(g, tuple(groups[j]), t)[1], _touch(g, tuple(grp), t)[0],
+                                   touched[j], prefix[i] - prefix[j + 1], touched[i], budget)
             l2_r += hit * b
             miss = (1.0 - hit) * b
             d_r += miss
