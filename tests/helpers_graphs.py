@@ -39,6 +39,10 @@ H100 = HwSpec(
                           l2_writeback_center=0.6, l2_writeback_width=0.01),
 )
 L2_USABLE = 50 * MiB * 0.75          # 39,321,600 bytes = 37.5 MiB
+# the same with the write-back step beyond the usable L2 (40 MiB, 15 KiB wide): a kernel
+# sequence's intermediates that fit stay in L2 entirely, for the hand computations of reuse
+H100_STEP = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(
+    update={"l2_writeback_center": 0.8, "l2_writeback_width": 0.0003})})
 
 
 def spec(**update) -> HwSpec:
@@ -214,7 +218,7 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["H100", "L2_USABLE", "MiB", "spec", "hbm_curve", "build", "chain_graph", "gemm_graph",
+__all__ = ["H100", "H100_STEP", "L2_USABLE", "MiB", "spec", "hbm_curve", "build", "chain_graph", "gemm_graph",
            "mlp_graph", "two_gemms_graph", "full_dep_graph", "gather_graph", "small_graphs",
            "spec_variants", "describe", "examples", "scale_sms", "scale_flops", "scale_bandwidth",
            "ceil_div", "math"]

@@ -122,3 +122,18 @@ def test_the_residue_fit_recovers_the_writes_it_was_made_from():
     fitted = residue_spec(f["l2_recent_fraction"], f["l2_dirty_fraction"])
     for r in rows:
         assert sequence_dram_bytes(fitted, r["graph"], r["ops"], r["kernels"])[1] == pytest.approx(r["write_bytes"], abs=0.1 * MiB)
+
+
+def test_l2_evicts_a_share_of_the_intermediates_that_fit():
+    # relu, relu over 8 MiB tensors: t1 fits with everything from op0 on (x, t1, y: 24 MiB), yet
+    # L2 evicts the pipelines' logistic share of it at 24 MiB: half at 0.6 x 50 = 30 MiB, 2.5 MiB
+    # wide (the test spec's is a 0.5 MiB step: widen it)
+    from kitsune_dse.cost.l2_residency import write_back_fraction
+    s = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(update={"l2_writeback_width": 0.05})})
+    g = build("chain", [Tensor("x", (1024, 4096), "fp16")],
+              [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("t1",), ("y",))], ["x"], [])
+    op0, op1 = kernel_works(Region.of(g), bsp_groups(Region.of(g)), s)
+    share = 1 / (1 + np.exp(-(24 - 30) / 2.5))
+    assert write_back_fraction(24 * MiB, s) == pytest.approx(share)
+    assert op0.dram_write_bytes == pytest.approx(8 * MiB * share)      # 8% of t1
+    assert op1.dram_write_bytes == 8 * MiB and op1.dram_read_bytes == 0.0

@@ -13,7 +13,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers_graphs import (examples, H100, MiB, build, chain_graph, full_dep_graph, gather_graph,
+from helpers_graphs import (examples, H100, H100_STEP, MiB, build, chain_graph, full_dep_graph, gather_graph,
                             gemm_graph, hbm_curve, mlp_graph, scale_flops, scale_sms, spec,
                             two_gemms_graph)
 from kitsune_dse.cost.region import kernel_variants
@@ -440,7 +440,7 @@ def test_library_bsp_adds_each_bias_in_a_kernel_of_its_own():
     assert u.op("fc1_bias").outputs == ("h",) and u.outputs == g.outputs
     assert unfused_bias(u) is u
     r = Region.of(g)
-    lib, own = library_bsp(r, H100), bsp(r, H100)
+    lib, own = library_bsp(r, H100_STEP), bsp(r, H100_STEP)
     assert lib.kernel_launches == own.kernel_launches + 2
     # the bias kernels read the raw products (h_raw from L2: 8 MiB fits; o_raw likewise) and
     # write h and o again: h_raw's write reaches DRAM (the region's 48 distinct MiB from fc1 on

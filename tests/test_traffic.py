@@ -6,14 +6,16 @@ budget: the rest of the earlier kernel after the part, the kernels between, and 
 up to the part (cost.reuse: element-wise kernels stream in memory order, a GEMM by waves and,
 along K, slice by slice); otherwise the part is re-read from DRAM. Every tensor a kernel writes
 reaches DRAM (L2 writes dirty lines back: ncu on the suite's baselines), even one read from L2
-later; the test spec keeps none of it dirty past the region (efficiency.l2_dirty_fraction 0).
+later, unless it is the region's own and the bytes from its writer on fit L2 (H100_STEP keeps
+all of those; test_reuse prices the share L2 evicts); the test spec keeps none of it dirty past
+the region (efficiency.l2_dirty_fraction 0).
 """
 from __future__ import annotations
 
 import pytest
 from hypothesis import given, note, settings
 
-from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, describe, examples,
+from helpers_graphs import (H100, H100_STEP, L2_USABLE, MiB, build, chain_graph, describe, examples,
                             gemm_graph, mlp_graph, small_graphs)
 from kitsune_dse.cost.gemm_l2 import grid_reads, raster
 from kitsune_dse.cost.region import Region, kernel_works
@@ -30,7 +32,7 @@ def traffic(works):
 
 def bsp_works(g, ops=None):
     r = Region.of(g, ops)
-    return kernel_works(r, bsp_groups(r), H100)
+    return kernel_works(r, bsp_groups(r), H100_STEP)
 
 
 def test_usable_l2_budget():
@@ -42,7 +44,7 @@ def test_intermediate_bigger_than_l2_is_written_and_reread():
     g = chain_graph(8192, 4096, ("relu", "relu"))
     a = 8192 * 4096 * 2 / MiB                                   # 64 MiB
     assert traffic(bsp_works(g)) == [("op0", a, a, 0.0), ("op1", a, a, 0.0)]
-    e = bsp(Region.of(g), H100)
+    e = bsp(Region.of(g), H100_STEP)
     assert e.dram_read_bytes == 2 * 8192 * 4096 * 2           # x, t1
     assert e.dram_write_bytes == 2 * 8192 * 4096 * 2          # t1, y
 
@@ -121,7 +123,7 @@ def test_graph_outputs_are_always_written():
               [("op0", "relu", ("x",), ("a",)), ("op1", "relu", ("a",), ("y",))],
               ["x"], [], outputs=["a", "y"])
     assert traffic(bsp_works(g)) == [("op0", 8.0, 8.0, 0.0), ("op1", 0.0, 8.0, 8.0)]
-    assert traffic(kernel_works(Region.of(g), [("op0", "op1")], H100)) == [
+    assert traffic(kernel_works(Region.of(g), [("op0", "op1")], H100_STEP)) == [
         ("op0+op1", 8.0, 16.0, 0.0)]
 
 
@@ -136,12 +138,12 @@ def test_a_region_output_that_does_not_fit_l2_is_written_for_the_next_region():
     g = chain_graph(8192, 4096, ("relu", "relu", "relu"))
     first = Region.of(g, ["op0", "op1"])
     assert first.outputs == ("t2",)
-    assert traffic(kernel_works(first, bsp_groups(first), H100)) == [
+    assert traffic(kernel_works(first, bsp_groups(first), H100_STEP)) == [
         ("op0", 64.0, 64.0, 0.0), ("op1", 64.0, 64.0, 0.0)]
-    assert traffic(kernel_works(first, [("op0", "op1")], H100)) == [("op0+op1", 64.0, 64.0, 0.0)]
+    assert traffic(kernel_works(first, [("op0", "op1")], H100_STEP)) == [("op0+op1", 64.0, 64.0, 0.0)]
     second = Region.of(g, ["op2"])
     assert second.inputs == ("t2",)
-    assert traffic(kernel_works(second, bsp_groups(second), H100)) == [("op2", 64.0, 64.0, 0.0)]
+    assert traffic(kernel_works(second, bsp_groups(second), H100_STEP)) == [("op2", 64.0, 64.0, 0.0)]
 
 
 def test_a_small_hand_off_between_regions_is_read_from_l2():
@@ -150,12 +152,12 @@ def test_a_small_hand_off_between_regions_is_read_from_l2():
     # its region its write reaches DRAM, while t1, the first region's own, stays in L2
     g = chain_graph(1024, 4096, ("relu", "relu", "relu"))
     first, second = Region.of(g, ["op0", "op1"]), Region.of(g, ["op2"])
-    assert traffic(kernel_works(first, bsp_groups(first), H100)) == [
+    assert traffic(kernel_works(first, bsp_groups(first), H100_STEP)) == [
         ("op0", 8.0, 0.0, 0.0), ("op1", 0.0, 8.0, 8.0)]
-    assert traffic(kernel_works(second, bsp_groups(second), H100)) == [("op2", 0.0, 8.0, 8.0)]
+    assert traffic(kernel_works(second, bsp_groups(second), H100_STEP)) == [("op2", 0.0, 8.0, 8.0)]
     # the two regions move t2's write more than the whole chain as one region (x in, y out)
     total = sum(w.dram_bytes for reg in (first, second)
-                for w in kernel_works(reg, bsp_groups(reg), H100))
+                for w in kernel_works(reg, bsp_groups(reg), H100_STEP))
     assert total == 24 * MiB and sum(w.dram_bytes for w in bsp_works(g)) == 16 * MiB
 
 

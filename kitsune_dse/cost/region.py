@@ -4,15 +4,16 @@ A Region is a convex set of ops run by one strategy. `kernel_works` turns a sequ
 (groups of ops launched one after another) into KernelWork records, deciding for every tensor a
 kernel touches whether it crosses DRAM:
   * graph inputs are read from DRAM (cold caches: the harness flushes L2 between runs);
-  * a weight is read from DRAM by its first kernel, and again by a later kernel only if it was
-    evicted, i.e. if its bytes plus the bytes of the kernels in between exceed the usable L2;
-  * an intermediate passed between kernels is re-read from DRAM unless it fits the usable L2
-    together with the traffic of the kernels in between, else from L2;
+  * a tensor a later kernel reads again (a weight, an intermediate) is found in L2 part by part:
+    a part whose distance (the rest of the kernel that last touched it, the kernels in between,
+    the later kernel up to it) fits the usable L2 (cost.reuse: where in its run each kernel
+    touches each part), else re-read from DRAM;
   * every tensor a kernel writes reaches DRAM: L2 writes its dirty lines back even when the next
     kernel reads them from L2 (ncu on the suite's one-kernel-per-op and fused baselines: DRAM
     writes = the bytes their kernels write, within 8%), unless the distinct bytes of the
-    region's kernels from the writer on fit the usable L2: then nothing evicts them while the
-    region runs (dlrm-top-mlp's 27 MB: 7-10 MB measured, reads only, 30 MB with writes);
+    region's kernels from the writer on fit the usable L2: then L2 evicts only a share of them,
+    the pipelines' write-back logistic over those bytes (cost.l2_residency);
+  * what is still dirty when the region ends is written after it (cost.reuse.dirty_residue);
   * a tensor handed to another region is read there from L2 when it fits (handed_over);
   * a GEMM whose operands come from DRAM reads them again where later waves of its grid no
     longer find them in L2 (cost.gemm_l2.grid_reads).
@@ -27,6 +28,7 @@ from functools import cached_property
 import numpy as np
 
 from kitsune_dse.cost.gemm_l2 import operand_reads
+from kitsune_dse.cost.l2_residency import write_back_fraction
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.reuse import dirty_residue, hit_fraction, touch_positions
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
@@ -221,10 +223,15 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         for t, b in writes.items():
             last_touch[t] = i
             # written back from L2 even when the next kernel finds it there, unless it is the
-            # region's own intermediate and the distinct bytes from here on stay in L2 (nothing
-            # evicts its dirty lines while the region runs); the region's outputs always leave
+            # region's own intermediate and the distinct bytes from here on stay in L2; the
+            # region's outputs always leave. Even then L2 evicts some of its dirty lines, the
+            # more the nearer those bytes come to its size: the pipelines' rings' logistic
+            # (cost.l2_residency; dlrm's 27 MB kernel-per-op baseline wrote back 3.2 MB, a
+            # 27 MB probe sequence 7.7 of 21: bench/dram_probe.py seq-small-4)
             if tail[i] > budget or view_base(g, t) in outputs:
                 d_w += b
+            else:
+                d_w += b * write_back_fraction(tail[i], spec)
         args.append([grp, d_r, d_w, l2_r, w_dram, a_dram])
         kept.append(sum(writes.values()) - d_w)
     works = [group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram)
