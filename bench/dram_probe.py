@@ -153,6 +153,21 @@ for _m, _n, _k in GEMM_SHAPES:
                                       [_bsp(["fc1"]), _bsp(["gelu", "fc2", "residual"])])
 
 
+# fifteenth session: two stages whose weights (13-52 MB each) neither stay in L2 nor stream past
+# it (between the resident wbr-* and the 134 MB wb-lnr/free-* weights): how much of a weight pass
+# L2 still holds (cost.l2_residency.streamed_weight_hit). ln-residual-gemm at 4096 tokens, other
+# hidden sizes than the suite's 4096
+LNR_STAGES = [["ln1", "gemm1", "residual1"], ["ln2", "gemm2", "residual2"]]
+for _h in (2560, 3072, 3584, 4608, 5120):
+    PROBES[f"wsh-lnr{_h}-d8-row"] = (("ln-residual-gemm", {"tokens": 4096, "hidden": _h}),
+                                    [_pipe(LNR_STAGES, [66, 66], 128, [8], ["row"])])
+for _h, _t in ((3840, 4096), (4352, 4096), (4096, 2048), (4096, 8192)):   # near the suite's 4096 x 4096
+    PROBES[f"wsh-lnr{_h}-t{_t}-d8-row"] = (("ln-residual-gemm", {"tokens": _t, "hidden": _h}),
+                                          [_pipe(LNR_STAGES, [66, 66], 128, [8], ["row"])])
+for _h in (3072, 4608):
+    PROBES[f"wsh-lnr{_h}-r256-d4-row"] = (("ln-residual-gemm", {"tokens": 4096, "hidden": _h}),
+                                         [_pipe(LNR_STAGES, [44, 88], 256, [4], ["row"])])
+
 # fifteenth session: what a kernel finds in L2 of what the kernel before it read or wrote. The
 # same MLP cut into one, two and four kernel-per-op (plan) or fused (fusion) kernels, each range
 # from a flushed L2: a later kernel's reads are the difference of two ranges. Sizes are none of
