@@ -137,3 +137,17 @@ def test_l2_evicts_a_share_of_the_intermediates_that_fit():
     assert write_back_fraction(24 * MiB, s) == pytest.approx(share)
     assert op0.dram_write_bytes == pytest.approx(8 * MiB * share)      # 8% of t1
     assert op1.dram_write_bytes == 8 * MiB and op1.dram_read_bytes == 0.0
+
+
+def test_parts_grow_on_large_tensors_and_cover_them():
+    from kitsune_dse.cost.reuse import MAX_PARTS, PART, part_grid
+    assert part_grid((2048, 4096)) == (2048, 4096, 16, 32, PART, PART)
+    rows, cols, pr, pc, part_r, part_c = part_grid((1 << 20, 4096))      # 262,144 parts of 128
+    assert pr * pc <= MAX_PARTS and pr * part_r >= rows and pc * part_c >= cols
+    assert (part_r, part_c) == (PART * 16, PART)
+    # a GEMM's output on the coarse grid: positions still one per part, in (0, 1]
+    g = build("big", [Tensor("x", (1 << 17, 1024), "fp16"), Tensor("w", (1024, 8192), "fp16")],
+              [("mm", "matmul", ("x", "w"), ("y",))], ["x"], ["w"])
+    first, last = touch_positions(g, ("mm",), "y", frozenset({"y"}))
+    assert first.size == part_grid((1 << 17, 8192))[2] * part_grid((1 << 17, 8192))[3] <= MAX_PARTS
+    assert 0.0 < last.min() and last.max() == 1.0

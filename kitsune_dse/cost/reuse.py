@@ -9,7 +9,8 @@ its first touch. Where in its run a kernel touches a part follows its grid:
     of A from the first to the last wave of the CTAs of that row-block, a column tile of B alike;
   * any other kernel streams through its tensors in memory order.
 A kernel's bytes are spread evenly over its run. Parts are tiles of 128 x 128 elements of the
-tensor seen as a matrix (leading dimensions folded into rows).
+tensor seen as a matrix (leading dimensions folded into rows; larger where a tensor would have
+more than MAX_PARTS of them).
 
 ncu on an MLP cut into one, two and four kernels (bench/dram_probe.py seq-*, none a suite size)
 showed why position matters: a GELU after a 2.9-wave GEMM found the 40% of its input written
@@ -28,14 +29,22 @@ import numpy as np
 from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, raster
 from kitsune_dse.graph.ir import Graph
 
-PART = 128      # rows and columns of a part
+PART = 128            # rows and columns of a part ...
+MAX_PARTS = 1 << 14   # ... doubled along the longer side where a tensor would have more parts
 
 
-def part_grid(shape: tuple[int, ...]) -> tuple[int, int, int, int]:
-    """(rows, cols, part rows, part cols) of a tensor seen as a matrix."""
+def part_grid(shape: tuple[int, ...]) -> tuple[int, int, int, int, int, int]:
+    """(rows, cols, parts down, parts across, rows of a part, columns of a part) of a tensor
+    seen as a matrix."""
     cols = int(shape[-1]) if shape else 1
     rows = int(math.prod(shape[:-1])) if len(shape) > 1 else 1
-    return rows, cols, math.ceil(rows / PART), math.ceil(cols / PART)
+    part_r = part_c = PART
+    while math.ceil(rows / part_r) * math.ceil(cols / part_c) > MAX_PARTS:
+        if math.ceil(rows / part_r) >= math.ceil(cols / part_c):
+            part_r *= 2
+        else:
+            part_c *= 2
+    return rows, cols, math.ceil(rows / part_r), math.ceil(cols / part_c), part_r, part_c
 
 
 def _streamed(pr: int, pc: int) -> tuple[np.ndarray, np.ndarray]:
@@ -49,8 +58,7 @@ def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: fr
     """(first, last): arrays over the tensor's parts (row-major) of the fraction of the kernel's
     run at which it first and last touches each part. `names`: the tensor and the views of it
     the kernel's ops name (the same memory)."""
-    shape = graph.tensors[tensor].shape
-    _, _, pr, pc = part_grid(shape)
+    rows, cols, pr, pc, part_r, part_c = part_grid(graph.tensors[tensor].shape)
     gemm = next((graph.op(o) for o in group if graph.op(o).info.gemm is not None
                  and graph.op(o).info.gemm.batch == 1), None)
     if gemm is None:
@@ -64,14 +72,13 @@ def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: fr
     wave = np.arange(n) // WAVE_CTAS
     start = wave * WAVE_CTAS / n
     length = (np.minimum((wave + 1) * WAVE_CTAS, n) - wave * WAVE_CTAS) / n
-    rows, cols = part_grid(shape)[:2]
-    r_part = np.minimum(np.arange(pr) * PART // tm, mb - 1)
+    r_part = np.minimum(np.arange(pr) * part_r // tm, mb - 1)
     if gemm.inputs[1] in names:             # B: a column tile's slices, swept along K every wave
         b_rows = (rows, cols) == (gd.k, gd.n)
         if not b_rows and (rows, cols) != (gd.n, gd.k):
             return np.zeros(pr * pc), np.ones(pr * pc)
         lo, hi = _span(ct, nt, start, length)
-        c = np.minimum(np.arange(pc if b_rows else pr) * PART // tn, nt - 1)
+        c = np.minimum(np.arange(pc if b_rows else pr) * (part_c if b_rows else part_r) // tn, nt - 1)
         k = (np.arange(pr if b_rows else pc) + 0.5) / (pr if b_rows else pc)     # K position
         first = lo[0][c][None, :] + k[:, None] * lo[1][c][None, :]
         last = hi[0][c][None, :] + k[:, None] * hi[1][c][None, :]
@@ -87,7 +94,7 @@ def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: fr
     if (rows, cols) == (gd.m, gd.n):        # the output, or an input of its epilogue: its CTA's end
         at = np.empty((mb, nt))
         at[rb, ct] = start + length
-        c = np.minimum(np.arange(pc) * PART // tn, nt - 1)
+        c = np.minimum(np.arange(pc) * part_c // tn, nt - 1)
         w = at[np.ix_(r_part, c)].ravel()
         return w, w
     return _streamed(pr, pc)
