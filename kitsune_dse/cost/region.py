@@ -195,10 +195,11 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         tail[i] = acc
     outputs = {view_base(g, t) for t in region.outputs}
     last_touch: dict[str, int] = {}    # tensor -> last kernel index that wrote or read it
-    args = []
-    kept = []                          # per kernel: written intermediates no kernel evicts
+    works = []
+    kept = 0.0                         # written intermediates no kernel of the region evicts
     for i, (grp, (reads, writes)) in enumerate(zip(groups, rw)):
         d_r = l2_r = w_dram = a_dram = 0.0
+        gemm_ops = [g.op(o) for o in grp if g.op(o).info.gemm is not None]
         for t, b in reads.items():
             j = last_touch.get(t)
             if handed_over(region, spec, t):
@@ -214,9 +215,9 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
             miss = (1.0 - hit) * b
             d_r += miss
             if miss > 0.0:
-                if any(g.op(o).inputs[1:2] == (t,) for o in grp if g.op(o).info.gemm is not None):
+                if any(op.inputs[1:2] == (t,) for op in gemm_ops):
                     w_dram += miss     # a GEMM's B operand from DRAM (gemm_l2: re-read by later waves)
-                elif any(g.op(o).inputs[:1] == (t,) for o in grp if g.op(o).info.gemm is not None):
+                elif any(op.inputs[:1] == (t,) for op in gemm_ops):
                     a_dram += miss
             last_touch[t] = i
         d_w = 0.0
@@ -232,12 +233,10 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
                 d_w += b
             else:
                 d_w += b * write_back_fraction(tail[i], spec)
-        args.append([grp, d_r, d_w, l2_r, w_dram, a_dram])
-        kept.append(sum(writes.values()) - d_w)
-    works = [group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram)
-             for grp, d_r, d_w, l2_r, w_dram, a_dram in args]
+        works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram))
+        kept += sum(writes.values()) - d_w
     residue = dirty_residue([w.dram_read_bytes + sum(x[1].values()) for w, x in zip(works, rw)],
-                            [w.dram_write_bytes for w in works], spec, sum(kept))
+                            [w.dram_write_bytes for w in works], spec, kept)
     return [w if r <= 0.0 else w.but(deferred_write_bytes=r) for w, r in zip(works, residue)]
 
 

@@ -67,17 +67,17 @@ def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: fr
     tm, tn = (64 if gd.m <= 64 else 128), 128
     mb, nt = math.ceil(gd.m / tm), math.ceil(gd.n / tn)
     rb, ct = raster(mb, nt)
-    # each CTA's wave, as the span of the kernel's run it occupies (the last wave may be partial)
+    # each CTA's wave, and each wave's span of the kernel's run (the last wave may be partial)
     n = rb.size
     wave = np.arange(n) // WAVE_CTAS
-    start = wave * WAVE_CTAS / n
-    length = (np.minimum((wave + 1) * WAVE_CTAS, n) - wave * WAVE_CTAS) / n
+    w0 = np.arange(wave[-1] + 1) * WAVE_CTAS
+    start, length = w0 / n, (np.minimum(w0 + WAVE_CTAS, n) - w0) / n
     r_part = np.minimum(np.arange(pr) * part_r // tm, mb - 1)
     if gemm.inputs[1] in names:             # B: a column tile's slices, swept along K every wave
         b_rows = (rows, cols) == (gd.k, gd.n)
         if not b_rows and (rows, cols) != (gd.n, gd.k):
             return np.zeros(pr * pc), np.ones(pr * pc)
-        lo, hi = _span(ct, nt, start, length)
+        lo, hi = _span(ct, nt, wave, start, length)
         c = np.minimum(np.arange(pc if b_rows else pr) * (part_c if b_rows else part_r) // tn, nt - 1)
         k = (np.arange(pr if b_rows else pc) + 0.5) / (pr if b_rows else pc)     # K position
         first = lo[0][c][None, :] + k[:, None] * lo[1][c][None, :]
@@ -86,31 +86,29 @@ def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: fr
             first, last = first.T, last.T
         return first.ravel(), last.ravel()
     if gemm.inputs[0] in names and (rows, cols) == (gd.m, gd.k):   # A: a row-block's slices
-        lo, hi = _span(rb, mb, start, length)
+        lo, hi = _span(rb, mb, wave, start, length)
         k = (np.arange(pc) + 0.5) / pc
         first = lo[0][r_part][:, None] + k[None, :] * lo[1][r_part][:, None]
         last = hi[0][r_part][:, None] + k[None, :] * hi[1][r_part][:, None]
         return first.ravel(), last.ravel()
     if (rows, cols) == (gd.m, gd.n):        # the output, or an input of its epilogue: its CTA's end
         at = np.empty((mb, nt))
-        at[rb, ct] = start + length
+        at[rb, ct] = (start + length)[wave]
         c = np.minimum(np.arange(pc) * part_c // tn, nt - 1)
         w = at[np.ix_(r_part, c)].ravel()
         return w, w
     return _streamed(pr, pc)
 
 
-def _span(tile_of_cta: np.ndarray, tiles: int, start: np.ndarray, length: np.ndarray):
+def _span(tile_of_cta: np.ndarray, tiles: int, wave: np.ndarray, start: np.ndarray,
+          length: np.ndarray):
     """((start, length) of the first wave, (start, length) of the last wave) each operand tile is
-    used in: per tile, arrays."""
-    first = np.full(tiles, np.inf)
-    last = np.full(tiles, -1.0)
-    np.minimum.at(first, tile_of_cta, start)
-    np.maximum.at(last, tile_of_cta, start)
-    by_start = dict(zip(start.tolist(), length.tolist()))
-    f_len = np.array([by_start[x] for x in first.tolist()])
-    l_len = np.array([by_start[x] for x in last.tolist()])
-    return (first, f_len), (last, l_len)
+    used in, per tile (`wave`: each CTA's; `start`, `length`: each wave's)."""
+    first = np.full(tiles, wave[-1])
+    last = np.zeros(tiles, dtype=wave.dtype)
+    np.minimum.at(first, tile_of_cta, wave)
+    np.maximum.at(last, tile_of_cta, wave)
+    return (start[first], length[first]), (start[last], length[last])
 
 
 def hit_fraction(last: np.ndarray, first: np.ndarray, last_bytes: float, between_bytes: float,

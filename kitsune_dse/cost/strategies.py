@@ -84,7 +84,8 @@ def _kernel_rows(works, times, spec, mode: str = "graph", issue_s=None):
     kernel's end to its own (eager_step_s: the host's issue included) and what that step is when
     the host has issued ahead of the GPU (device_step_s: the kernel and the device's gap)."""
     rows = [{"kernel": w.name, "latency_s": t, "dram_read_bytes": w.dram_read_bytes,
-             "dram_write_bytes": w.dram_write_bytes, "deferred_write_bytes": w.deferred_write_bytes, "l2_bytes": w.l2_bytes, "tiles": w.tiles,
+             "dram_write_bytes": w.dram_write_bytes, "deferred_write_bytes": w.deferred_write_bytes,
+             "l2_bytes": w.l2_bytes, "tiles": w.tiles,
              "waves": math.ceil(w.tiles / (spec.sm_count * w.ctas_per_sm))}
             for w, t in zip(works, times)]
     if mode == "eager":

@@ -22,12 +22,12 @@ CSV_FIELDS = [
 ]
 
 
-
 def writes_in_run(predicted: dict):
     """The DRAM writes a measurement of this run alone sees (ncu's range after an L2 flush): the
     predicted writes less those still dirty in L2 when it ends (dram_write_deferred_bytes)."""
     w = predicted.get("dram_write_bytes", "")
     return w - predicted.get("dram_write_deferred_bytes", 0.0) if isinstance(w, (int, float)) else w
+
 
 def resolve_model_ref(plan: dict) -> str:
     ref = plan["model"]["ref"]
