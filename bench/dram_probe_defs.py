@@ -143,6 +143,23 @@ for _h in (3072, 4608):
     PROBES[f"wsh-lnr{_h}-r256-d4-row"] = (("ln-residual-gemm", {"tokens": 4096, "hidden": _h}),
                                          [_pipe(LNR_STAGES, [44, 88], 256, [4], ["row"])])
 
+# sixteenth session: plain queues (no inner rings, no deep frames) over the write-back knee.
+# The ring probes above put the knee's plain-queue side at three footprints only (wbr-mid-d2 at
+# 21 MB wrote back 2% of its ring, wbr-mid-d8 and wbr-tiny-d32 at 30 MB 43-64%); these fill
+# 12-35 MB with the MLP pair at more depths and with attention's three stages (QK^T + scale |
+# softmax | PV, a row op between two batched GEMMs) at sizes that are not the suite's
+ATT_S512 = ("attention-head", {"batch": 8, "heads": 16, "seq": 512, "head_dim": 64})    # s: 67 MB, 128 KB slots
+ATT_S1K = ("attention-head", {"batch": 2, "heads": 16, "seq": 1024, "head_dim": 64})    # s: 67 MB, 256 KB slots
+ATT_STAGES = [["qk", "scale"], ["softmax"], ["pv"]]
+for _d in (16, 24):
+    PROBES[f"wbq-tiny-d{_d}-row"] = (TINY_64K, [_pipe(PAIR, [66, 66], 128, [_d], ["row"])])
+for _d in (4, 6):
+    PROBES[f"wbq-mid-d{_d}-row"] = (MID_32K, [_pipe(PAIR, [66, 66], 128, [_d], ["row"])])
+for _d in (16, 48, 72, 96):
+    PROBES[f"wbq-att512-d{_d}"] = (ATT_S512, [_pipe(ATT_STAGES, [44, 44, 44], 128, [_d, _d], ["row", "row"])])
+for _d in (16, 40, 48, 56):
+    PROBES[f"wbq-att1k-d{_d}"] = (ATT_S1K, [_pipe(ATT_STAGES, [44, 44, 44], 128, [_d, _d], ["row", "row"])])
+
 # fifteenth session: what a kernel finds in L2 of what the kernel before it read or wrote. The
 # same MLP cut into one, two and four kernel-per-op (plan) or fused (fusion) kernels, each range
 # from a flushed L2: a later kernel's reads are the difference of two ranges. Sizes are none of

@@ -32,17 +32,20 @@ H100 = HwSpec(
     max_ctas_per_sm=32, max_threads_per_sm=2048,
     launch_overhead_s=6e-6, graph_launch_overhead_s=0.8e-6, kernel_gap_s=1.5e-6,
     sync_latency_s=0.56e-6, sm_granularity=8,
-    # ring write-back all but a step at 30 MiB of L2 footprint (a logistic 0.5 MiB wide), so
-    # that hand computations read none below it and all above; the logistic's own tests widen it
+    # ring write-back (queues' and inner rings') all but a step at 30 MiB of L2 footprint (a
+    # logistic 0.5 MiB wide), so that hand computations read none below it and all above; the
+    # logistic's own tests widen it
     efficiency=Efficiency(tensor_core=0.76, simt=0.76, hbm=0.87, l2=0.95,
                           l2_usable_fraction=0.75, hbm_saturation_exponent=3.0,
-                          l2_writeback_center=0.6, l2_writeback_width=0.01),
+                          l2_writeback_center=0.6, l2_writeback_width=0.01,
+                          l2_inner_writeback_center=0.6, l2_inner_writeback_width=0.01),
 )
 L2_USABLE = 50 * MiB * 0.75          # 39,321,600 bytes = 37.5 MiB
 # the same with the write-back step beyond the usable L2 (40 MiB, 15 KiB wide): a kernel
 # sequence's intermediates that fit stay in L2 entirely, for the hand computations of reuse
 H100_STEP = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(
-    update={"l2_writeback_center": 0.8, "l2_writeback_width": 0.0003})})
+    update={"l2_writeback_center": 0.8, "l2_writeback_width": 0.0003,
+            "l2_inner_writeback_center": 0.8, "l2_inner_writeback_width": 0.0003})})
 
 
 def spec(**update) -> HwSpec:

@@ -128,7 +128,8 @@ def test_fit_recovers_a_synthetic_truth():
     from kitsune_dse.calibrate.fit_dram import FIELDS, fit_pipeline_l2, pipeline_dram_bytes
     frames = H100.model_copy(update={"local_frame_step_bytes": 40.0, "local_frame_concat_bytes": 30.0})
     truth = replace_eff(frames, l2_weight_share=0.6, l2_writeback_center=0.5, l2_writeback_width=0.08,
-                        l2_resident_reread=0.5, l2_local_frame_share=1.0)
+                        l2_resident_reread=0.5, l2_local_frame_share=1.0,
+                        l2_inner_writeback_center=0.45, l2_inner_writeback_width=0.12)
     mlp, chain = mlp_graph(4096, 4096, 16384), chain_graph(8192, 8192, ("relu", "relu"))
     small = mlp_graph(8192, 1024, 4096)
     from kitsune_dse.graph import load_model
@@ -148,7 +149,7 @@ def test_fit_recovers_a_synthetic_truth():
         probes.append({"name": f"p{i}", "graph": g, "choice": ch, "read_bytes": rd, "write_bytes": wr})
     fit = fit_pipeline_l2(frames, probes)
     assert fit["rms_log_error"] < 0.005 < fit["rms_log_error_before"]
-    want = dict(zip(FIELDS, (0.6, 0.5, 0.08, 0.5, 1.0)))
+    want = dict(zip(FIELDS, (0.6, 0.5, 0.08, 0.5, 1.0, 0.45, 0.12)))
     for k in FIELDS:
         assert fit[k] == pytest.approx(want[k], abs=0.05 * max(1.0, want[k])), k
 
@@ -178,3 +179,38 @@ def test_a_split_k_consumer_runs_the_runtimes_k_ranges_not_the_slabs():
     # per SM count, as the search's tables take it
     s = np.array([33.0, 66.0])
     assert splitk_unit_time([w], sk, H100, s)[1] == pytest.approx(splitk_unit_time([w], sk, H100, 66), rel=1e-12)
+
+
+def test_inner_rings_and_queues_on_their_own_logistic():
+    # hidden 1024, ffn 4096, 8192 rows: h (64 MiB) is an inner ring when one stage runs the MLP,
+    # a queue between two stages otherwise; each logistic is a step at 1% or 200% of the L2, so
+    # h is written back whole or not at all, by its own logistic alone
+    r = Region.of(mlp_graph(8192, 1024, 4096))
+    one = PipelineChoice((("fc1", "gelu", "fc2", "residual"),), (132,), 128)
+    two = PipelineChoice((("fc1", "gelu"), ("fc2", "residual")), (66, 66), 128, (4,))
+    h_bytes = 8192 * 4096 * 2
+    queues_only = replace_eff(H100, l2_writeback_center=0.01, l2_inner_writeback_center=2.0)
+    inner_only = replace_eff(H100, l2_writeback_center=2.0, l2_inner_writeback_center=0.01)
+    assert pipeline(r, queues_only, two).breakdown["queue_write_back_bytes"] == pytest.approx(h_bytes)
+    assert pipeline(r, queues_only, one).breakdown["queue_write_back_bytes"] == 0.0
+    assert pipeline(r, inner_only, one).breakdown["queue_write_back_bytes"] == pytest.approx(h_bytes)
+    assert pipeline(r, inner_only, two).breakdown["queue_write_back_bytes"] == 0.0
+
+
+def test_pipeline_dirty_residue_by_hand():
+    # relu | relu over [8192, 8192] fp16 (128 MiB each of x, the ring's y and the output z), no
+    # write-back: the kernel brings in 128 MiB of reads and 256 MiB of stores; L2 holds the last
+    # 25 MiB of them (recent 0.5 x 50 MiB), of which z's share 128 / 384 is still dirty, under
+    # the cap of 15 MiB (dirty 0.3 x 50 MiB)
+    sp = replace_eff(H100, l2_writeback_center=2.0, l2_recent_fraction=0.5, l2_dirty_fraction=0.3)
+    choice = PipelineChoice((("op0",), ("op1",)), (66, 66), 256, (4,))
+    e = pipeline(Region.of(chain_graph(8192, 8192, ("relu", "relu"))), sp, choice)
+    assert e.dram_write_bytes == pytest.approx(128 * MiB)
+    assert e.dram_deferred_write_bytes == pytest.approx(128 * MiB * 25 / 384)
+    assert e.dram_bytes_in_run == pytest.approx(256 * MiB - 128 * MiB * 25 / 384)
+    # a small one fits the window whole: all of z is dirty, up to the cap
+    small = pipeline(Region.of(chain_graph(1024, 1024, ("relu", "relu"))), sp, choice)
+    assert small.dram_deferred_write_bytes == pytest.approx(2 * MiB)
+    capped = replace_eff(sp, l2_dirty_fraction=0.01)
+    assert pipeline(Region.of(chain_graph(1024, 1024, ("relu", "relu"))), capped, choice) \
+        .dram_deferred_write_bytes == pytest.approx(0.5 * MiB)

@@ -2,8 +2,9 @@
 on probe pipelines (bench/dram_probe.py: none of them a validation-suite plan), and what the
 pipeline kernel's threads spill to local memory to nvcc's resource report (bench/frame_probe.py).
 
-Fitted: efficiency.l2_weight_share, l2_writeback_center, l2_writeback_width, l2_resident_reread
-and l2_local_frame_share, on the log ratio of predicted to measured read + write bytes;
+Fitted: efficiency.l2_weight_share, l2_writeback_center, l2_writeback_width, l2_resident_reread,
+l2_local_frame_share, l2_inner_writeback_center and l2_inner_writeback_width, on the log ratio
+of predicted (the writes still dirty when a probe ends left out) to measured read + write bytes;
 local_frame_step_bytes and local_frame_concat_bytes on the kernels' stack frames.
 """
 from __future__ import annotations
@@ -17,17 +18,18 @@ from scipy.optimize import least_squares, nnls
 from kitsune_dse.hw.spec import HwSpec
 
 FIELDS = ("l2_weight_share", "l2_writeback_center", "l2_writeback_width", "l2_resident_reread",
-          "l2_local_frame_share")
+          "l2_local_frame_share", "l2_inner_writeback_center", "l2_inner_writeback_width")
 FRAME_FIELDS = ("local_frame_step_bytes", "local_frame_concat_bytes")
 
 
 def pipeline_dram_bytes(spec: HwSpec, graph, choice) -> tuple[float, float]:
-    """(read, write) DRAM bytes the pipeline model gives one probe's region (no timing)."""
+    """(read, write) DRAM bytes the pipeline model gives one probe's region within its run (no
+    timing): the writes still dirty in L2 when it ends are not in ncu's range."""
     from kitsune_dse.cost.pipeline import plan_stages, stage_works
     from kitsune_dse.cost.region import Region
     region = Region.of(graph, [o for st in choice.stages for o in st])
     _, tot = stage_works(region, spec, plan_stages(region, spec, choice.normalized()))
-    return tot["dram_read_bytes"], tot["dram_write_bytes"]
+    return tot["dram_read_bytes"], tot["dram_write_bytes"] - tot["dram_deferred_write_bytes"]
 
 
 def _with(spec: HwSpec, x) -> HwSpec:
@@ -71,11 +73,13 @@ def fit_pipeline_l2(spec: HwSpec, probes: list[dict]) -> dict:
     # the logistic's centre trades off against the frames' share and the resident re-read:
     # least squares from one start can stop short; the best of a small grid of starts (the
     # spec's own among them) is kept
-    starts = [x0] + [np.array(x) for x in itertools.product((0.7,), (0.5, 0.7), (0.05, 0.15), (0.3, 0.8), (0.0, 1.0))]
+    # (each start gives the inner rings' logistic the queues' own)
+    starts = [x0] + [np.array(x + x[1:3]) for x in itertools.product((0.7,), (0.5, 0.7), (0.05, 0.15), (0.3, 0.8),
+                                                                     (0.0, 1.0))]
     best = None
     for x_start in starts:
-        r = least_squares(resid, x_start, bounds=([0.05, 0.1, 0.01, 0.0, 0.0], [1.0, 2.0, 1.0, 4.0, 4.0]),
-                          diff_step=0.02, x_scale=[0.2, 0.1, 0.05, 0.2, 0.3])
+        r = least_squares(resid, x_start, bounds=([0.05, 0.1, 0.01, 0.0, 0.0, 0.1, 0.01], [1.0, 2.0, 1.0, 4.0, 4.0, 2.0, 1.0]),
+                          diff_step=0.02, x_scale=[0.2, 0.1, 0.05, 0.2, 0.3, 0.1, 0.05])
         if best is None or r.cost < best.cost - 1e-12:
             best = r
     x = best.x

@@ -18,8 +18,10 @@ results/validation/h100/dram_probe/):
   generation overwrites them. With the weights streaming (re-read per row-block) that is every
   line; with everything resident it grows with the footprint the rings, the resident weights,
   the K-split partial sums, the stream of one ring cycle and the kernel's local memory make:
-  a logistic over the footprint (efficiency.l2_writeback_center / _width), 2% of NeRF's ring
-  bytes at 17 MB, 13% at 29 MB, 75% at 41 MB of the H100's 50 MB.
+  a logistic over the footprint (efficiency.l2_writeback_center / _width) for the queues between
+  stages, 1.5% of their ring bytes at 17 MB, 35% at 27 MB, 92% at 43 MB of the H100's 50 MB, and
+  a wider one (l2_inner_writeback_*) for the rings between one stage's own steps, 5% of NeRF's
+  at 17.5 MB, 12% at 24 MB, 70% at 37 MB (bench/dram_probe.py wbq-*, wbr-*, wbn-*).
 * Local memory. The persistent kernel's threads spill registers to their stack frames, which
   L2 holds beside the rings: NeRF's one-stage kernel 216 bytes a thread (14.6 MB over 132 SMs
   of 512 threads), and ncu counted 461 MB of its local stores through L2. Its small inner
@@ -59,15 +61,20 @@ def streamed_weight_hit(streamed_weight_bytes: float, spec: HwSpec) -> float:
     return math.exp(-streamed_weight_bytes / spec.l2_bytes)
 
 
-def write_back_fraction(footprint_bytes: float, spec: HwSpec) -> float:
+def write_back_fraction(footprint_bytes: float, spec: HwSpec, inner: bool = False) -> float:
     """Share of a pipeline's ring (and partial-sum) bytes written back to DRAM: a logistic over
     its L2 footprint, half at efficiency.l2_writeback_center of the L2, of width
     l2_writeback_width (a cache that replaces lines by age only in part: some lines go early,
-    some stay late, so no footprint below the L2 is free of write-back, nor one near it total)."""
+    some stay late, so no footprint below the L2 is free of write-back, nor one near it total).
+    `inner`: the rings between a stage's own steps, on their own logistic
+    (l2_inner_writeback_center / _width): bench/dram_probe.py's one-stage probes climb from 5%
+    at 17.5 MB to 56% at 30 MB, its queues between stages from 1.5% at 17.3 MB to 35% at 27 MB."""
     eff = spec.efficiency
     if not math.isfinite(footprint_bytes):
         return 1.0
-    z = (footprint_bytes - eff.l2_writeback_center * spec.l2_bytes) / (eff.l2_writeback_width * spec.l2_bytes)
+    center, width = ((eff.l2_inner_writeback_center, eff.l2_inner_writeback_width) if inner
+                     else (eff.l2_writeback_center, eff.l2_writeback_width))
+    z = (footprint_bytes - center * spec.l2_bytes) / (width * spec.l2_bytes)
     if abs(z) > 30.0:       # beyond e^-30 of either end: none, or all
         return 0.0 if z < 0 else 1.0
     return 1.0 / (1.0 + math.exp(-z))

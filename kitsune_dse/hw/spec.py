@@ -94,8 +94,14 @@ class Efficiency(_Strict):
                                   # lines are evicted before the next generation overwrites them
                                   # (written back to DRAM) ...
     l2_writeback_width: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.1
-                                  # ... on a logistic of this width (x l2_bytes): bench/dram_probe.py
-                                  # wb*- (2% of NeRF's ring bytes at 17 MB, 75% at 41 MB)
+                                  # ... on a logistic of this width (x l2_bytes), for the queues
+                                  # between stages: bench/dram_probe.py wb*- (1.5% of a queue's
+                                  # ring bytes at 17 MB, 35% at 27 MB, 92% at 43 MB)
+    l2_inner_writeback_center: Annotated[float, Field(gt=0, le=2, allow_inf_nan=False)] = 0.6
+    l2_inner_writeback_width: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 0.1
+                                  # the same logistic for the rings between one stage's own
+                                  # steps (its workers' hand-offs; bench/dram_probe.py's
+                                  # one-stage wb*-p1 probes)
     l2_local_frame_share: Annotated[float, Field(ge=0, le=4, allow_inf_nan=False)] = 0.0
                                   # of the pipeline kernel's local memory (register spills: its
                                   # threads' stack frames, HwSpec.local_frame_*), the share that
@@ -140,7 +146,8 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
-                   "l2_writeback_width", "l2_local_frame_share", "l2_resident_reread",
+                   "l2_writeback_width", "l2_inner_writeback_center", "l2_inner_writeback_width",
+                   "l2_local_frame_share", "l2_resident_reread",
                    "producer_stream_share", "l2_recent_fraction", "l2_dirty_fraction",
                    "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
