@@ -47,8 +47,8 @@ SECTION = ROOT / "results/accuracy/README_SECTION.md"
 BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas", "cublas-graph"]
 HARNESS_BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph"]
 FIELDS = ["kind", "workload", "alternative", "variant", "item", "implemented", "predicted", "measured",
-          "error_pct", "n", "mape_pct", "worst_pct", "spearman", "spearman_all", "regret", "regret_alt",
-          "pick", "best", "unit", "notes"]
+          "error_pct", "n", "mape_pct", "worst_pct", "spearman", "spearman_all", "spearman_runs", "regret",
+          "regret_alt", "pick", "best", "unit", "notes"]
 
 
 def _f(x):
@@ -117,6 +117,40 @@ def median_over_runs(rows: list[dict], repeats: list[list[dict]]) -> list[dict]:
     return out
 
 
+def plan_e2e(rows_of_plan: list[dict], regions: int):
+    """A plan's measured end-to-end time in one run: its plan-e2e row, or its one region's row."""
+    r = next((r for r in rows_of_plan if r["variant"] == "plan-e2e"), None)
+    if r is None and regions == 1:
+        r = next((r for r in rows_of_plan if r["variant"] == "plan"), None)
+    return _f(r.get("measured_latency_s")) if r else None
+
+
+def spearman_between_runs(suite: Path, workload: dict) -> float | None:
+    """The mean over pairs of the suite's runs (validation.csv and its repeats, each alone) of
+    the Spearman of one run's measured plan times against another's: how well the measurements
+    rank the plans the same twice, the ceiling of the model's Spearman over the same plans."""
+    import itertools
+    paths = [suite / "validation.csv"] + repeat_runs(suite)
+    if len(paths) < 2:
+        return None
+    name = workload["name"]
+    plans = [p for p in workload["plans"] if not p.get("rejected")]
+    times = []
+    for path in paths:
+        by: dict[str, list[dict]] = {}
+        for r in csv.DictReader(open(path)):
+            if r.get("correct") == "True":
+                by.setdefault(r["plan"], []).append(r)
+        times.append([plan_e2e(by.get(f"{name}/{Path(p['file']).stem}", []), len(p["regions"])) for p in plans])
+    rs = []
+    for a, b in itertools.combinations(times, 2):
+        keep = [(x, y) for x, y in zip(a, b) if x and y]
+        v = spearman([x for x, _ in keep], [y for _, y in keep])
+        if v is not None:
+            rs.append(v)
+    return sum(rs) / len(rs) if rs else None
+
+
 def load(suite: Path):
     rows = list(csv.DictReader(open(suite / "validation.csv")))
     reps = repeat_runs(suite)
@@ -167,13 +201,7 @@ def build(suite: Path) -> list[dict]:
                 continue
             stem = Path(p["file"]).stem
             prs = by_plan.get(f"{name}/{stem}", [])
-            meas = None
-            e2e_row = next((r for r in prs if r["variant"] == "plan-e2e"), None)
-            if e2e_row is not None:
-                meas = _f(e2e_row.get("measured_latency_s"))
-            elif len(p["regions"]) == 1:
-                r0 = next((r for r in prs if r["variant"] == "plan"), None)
-                meas = _f(r0.get("measured_latency_s")) if r0 else None
+            meas = plan_e2e(prs, len(p["regions"]))
             ok = all(r.get("correct") == "True" for r in prs) and bool(prs)
             if meas:
                 e2e.append({"kind": "e2e", "workload": name, "alternative": stem, "variant": "plan",
@@ -251,7 +279,7 @@ def build(suite: Path) -> list[dict]:
                         "implemented": True, "predicted": pr + pw, "measured": rb + wb,
                         "error_pct": err(pr + pw, rb + wb), "unit": "B",
                         "notes": f"read pred {pr / 1e6:.1f} MB meas {rb / 1e6:.1f} MB; write pred {pw / 1e6:.1f} MB meas {wb / 1e6:.1f} MB"})
-        out.append(workload_summary(name, e2e))
+        out.append({**workload_summary(name, e2e), "spearman_runs": spearman_between_runs(suite, w)})
     out += overall(out)
     return out
 
@@ -324,11 +352,13 @@ def overall(rows: list[dict]) -> list[dict]:
     ws = [r for r in rows if r["kind"] == "workload"]
     sp = [r["spearman"] for r in ws if r["spearman"] is not None]
     spa = [r["spearman_all"] for r in ws if r["spearman_all"] is not None]
+    spr = [r["spearman_runs"] for r in ws if r.get("spearman_runs") is not None]
     rg = [r["regret"] for r in ws if r["regret"] is not None]
     rga = [r["regret_alt"] for r in ws if r["regret_alt"] is not None]
     out.append({"kind": "overall", "workload": "all", "alternative": "rank", "variant": "workload",
                 "item": "mean over workloads", "n": len(ws),
                 "spearman": sum(sp) / len(sp) if sp else None, "spearman_all": sum(spa) / len(spa) if spa else None,
+                "spearman_runs": sum(spr) / len(spr) if spr else None,
                 "regret": sum(rg) / len(rg) if rg else None, "regret_alt": sum(rga) / len(rga) if rga else None,
                 "worst_pct": max(rg) if rg else None, "unit": "",
                 "notes": "worst_pct here is the largest regret"})
@@ -378,8 +408,8 @@ def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
         if r["kind"] == "e2e":
             e2e[(r["workload"], r["alternative"])] = r
     wl = ["| workload | pick (explorer-1) | predicted µs | measured µs | bsp-graph µs | fusion µs | cublas graph / eager µs "
-          "| MAPE | worst | Spearman plans / all | regret |",
-          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+          "| MAPE | worst | Spearman plans / all | Spearman run vs run | regret |",
+          "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["kind"] != "workload":
             continue
@@ -394,7 +424,7 @@ def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
                   f"| {us(e2e.get((name, 'cublas-graph'), {}).get('measured'))} / "
                   f"{us(e2e.get((name, 'cublas'), {}).get('measured'))} "
                   f"| {apct(r['mape_pct'])} | {pct(r['worst_pct'])} | {num(r['spearman'])} / {num(r['spearman_all'])} "
-                  f"| {apct(r['regret'] * 100 if r['regret'] is not None else None)} |")
+                  f"| {num(r.get('spearman_runs'))} | {apct(r['regret'] * 100 if r['regret'] is not None else None)} |")
     ov = ["| what | n | MAPE | worst |", "|---|---:|---:|---:|"]
     rank = None
     for r in rows:
@@ -407,6 +437,9 @@ def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
     if rank:
         ov.append(f"| mean Spearman over workloads (plans / plans + baselines) | {rank['n']} "
                   f"| {num(rank['spearman'])} / {num(rank['spearman_all'])} | - |")
+        if rank.get("spearman_runs") is not None:
+            ov.append(f"| mean Spearman of one run's plan times against another's | {rank['n']} "
+                      f"| {num(rank['spearman_runs'])} | - |")
         ov.append(f"| mean regret of the pick (vs plans + baselines / vs plans) | {rank['n']} "
                   f"| {apct(rank['regret'] * 100)} / {apct(rank['regret_alt'] * 100)} | {apct(rank['worst_pct'] * 100)} |")
     return wl, ov
@@ -418,7 +451,7 @@ def read_csv_rows(path: Path) -> list[dict]:
     for r in csv.DictReader(open(path)):
         d = dict(r)
         for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "spearman_all",
-                  "regret", "regret_alt"):
+                  "spearman_runs", "regret", "regret_alt"):
             d[k] = _f(d.get(k))
         d["n"] = int(d["n"]) if d.get("n") else None
         d["implemented"] = d.get("implemented") == "True"
@@ -443,7 +476,9 @@ def section(rows: list[dict], suite: Path) -> str:
         "`hw_specs/h100-sxm-cublas.calibrated.yaml` (the `cublas` and `cublas-graph` variants). Error = (predicted − "
         "measured) / measured; MAPE and worst over each workload's alternatives (explorer plans, hand "
         "plans, baselines); Spearman of predicted against measured latency over the plans (explorer + "
-        "hand) / over the plans and the harness baselines; regret = measured time of the "
+        "hand) / over the plans and the harness baselines; Spearman run vs run: of one run's measured plan "
+        "times against another run's, the mean over pairs of runs (how far the measurements themselves "
+        "rank the plans alike); regret = measured time of the "
         "explorer's pick over the best measured alternative − 1. Tilesync and concurrent regions run "
         "as planned: programmatic dependent launches with per-tile flag hand-offs "
         "(`kitsune_dse/validate/tilesync.py`). Regenerate with "
@@ -473,13 +508,13 @@ def main():
     c = Console(width=200)
     t = Table(title="prediction accuracy per workload (e2e over alternatives)")
     for col in ("workload", "n", "pick pred µs", "pick meas µs", "best alternative", "MAPE", "worst", "Spearman plans",
-                "Spearman +baselines", "regret", "regret vs plans"):
+                "Spearman +baselines", "Spearman runs", "regret", "regret vs plans"):
         t.add_column(col, justify="left" if col in ("workload", "best alternative") else "right")
     for r in rows:
         if r["kind"] == "workload":
             t.add_row(r["workload"], str(r["n"]), us(r["predicted"]), us(r["measured"]), r["best"] or "-",
                       apct(r["mape_pct"]), pct(r["worst_pct"]), num(r["spearman"]), num(r["spearman_all"]),
-                      apct(r["regret"] * 100 if r["regret"] is not None else None),
+                      num(r.get("spearman_runs")), apct(r["regret"] * 100 if r["regret"] is not None else None),
                       apct(r["regret_alt"] * 100 if r["regret_alt"] is not None else None))
     c.print(t)
     t = Table(title="pooled")

@@ -764,6 +764,13 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             st = fit_standalone_transcendental(spec_from_dict(data, name), raw["epilogue_rows"])
             data["standalone_transcendental_flops"] = st["standalone_transcendental_flops"]
             cal["standalone_transcendental_fit"] = st
+        rowop_json = ROOT / "results/validation/h100/rowop_probe/rowop_probe.json"
+        if sp is harness and rowop_json.exists():
+            # a standalone layernorm at half a streaming kernel's occupancy (bench/rowop_probe.py)
+            from kitsune_dse.calibrate.fit import fit_standalone_norm
+            nf = fit_standalone_norm(spec_from_dict(data, name), json.loads(rowop_json.read_text())["rows"])
+            data["standalone_norm_stream_share"] = nf["standalone_norm_stream_share"]
+            cal["standalone_norm_fit"] = {**nf, "measurements": str(rowop_json.relative_to(ROOT))}
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:

@@ -40,7 +40,8 @@ def test_accuracy_csv_is_up_to_date_with_the_suite():
     assert len(stored) == len(fresh)
     for r in stored:
         f = fresh[(r["kind"], r["workload"], r["alternative"], r["item"])]
-        for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "regret"):
+        for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "spearman_runs",
+                  "regret"):
             a, b = r.get(k), f.get(k)
             if a is None or b is None:
                 assert a is None and (b is None or (isinstance(b, float) and not math.isfinite(b))), (r, k)
@@ -81,3 +82,30 @@ def test_latency_is_the_median_over_the_repeated_runs():
     assert out[0]["placement"] == "{}"                     # the primary run's
     assert float(out[1]["measured_latency_s"]) == 5.0 and "runs_merged" not in out[1]
     assert row["measured_latency_s"] == "1.0"               # the input is not changed
+
+
+def test_spearman_between_runs(tmp_path):
+    """Each pair of runs ranks the plans by its own measured times; the report gives the mean
+    over pairs: three plans, run A 1 < 2 < 3, run B the same order, run C the last two swapped
+    (0.5 against A and B), a plan of two regions by its plan-e2e row, a failed row left out."""
+    acc = _accuracy()
+    fields = ["plan", "region", "variant", "correct", "measured_latency_s"]
+
+    def run(path, t1, t2, t3):
+        with open(path, "w", newline="") as f:
+            w = acc.csv.DictWriter(f, fieldnames=fields)
+            w.writeheader()
+            w.writerow({"plan": "w/p1", "region": "0", "variant": "plan", "correct": "True", "measured_latency_s": t1})
+            w.writerow({"plan": "w/p2", "region": "0", "variant": "plan", "correct": "True", "measured_latency_s": t2})
+            w.writerow({"plan": "w/p3", "region": "0", "variant": "plan", "correct": "True", "measured_latency_s": 9.0})
+            w.writerow({"plan": "w/p3", "region": "", "variant": "plan-e2e", "correct": "True", "measured_latency_s": t3})
+            w.writerow({"plan": "w/p4", "region": "0", "variant": "plan", "correct": "False", "measured_latency_s": 0.1})
+    run(tmp_path / "validation.csv", 1.0, 2.0, 3.0)
+    run(tmp_path / "validation_repeat_1.csv", 1.5, 2.5, 3.5)
+    run(tmp_path / "validation_repeat_2.csv", 1.0, 3.0, 2.0)
+    workload = {"name": "w", "plans": [{"file": "x/p1.json", "regions": [0]}, {"file": "x/p2.json", "regions": [0]},
+                                       {"file": "x/p3.json", "regions": [0, 1]}, {"file": "x/p4.json", "regions": [0]}]}
+    assert acc.spearman_between_runs(tmp_path, workload) == pytest.approx((1.0 + 0.5 + 0.5) / 3)
+    (tmp_path / "validation_repeat_1.csv").unlink()
+    (tmp_path / "validation_repeat_2.csv").unlink()
+    assert acc.spearman_between_runs(tmp_path, workload) is None      # one run: nothing to compare

@@ -280,3 +280,31 @@ def test_kernel_chain_fit_separates_the_launch_latency():
     assert f["latency_s"] == pytest.approx(3e-6) and f["per_kernel_s"] == pytest.approx(1.7e-6)
     with pytest.raises(ValueError):
         fit_kernel_chain(rows[:1])
+
+
+def test_standalone_norm_fit_recovers_the_share_it_was_made_from():
+    """Layernorms of 2,048-8,192 columns on their increment over the softmax of the same shape:
+    both measured 5% of the softmax's time above the model (a streaming kernel's own residual),
+    which the share must not absorb; the narrow layernorm (1,024 columns, 4 vectors a thread)
+    is not fitted."""
+    from kitsune_dse.calibrate.fit import fit_standalone_norm, standalone_time
+    base = load_spec("h100-sxm.calibrated").model_copy(update={"standalone_norm_stream_share": 1.0})
+    truth = base.model_copy(update={"standalone_norm_stream_share": 0.7})
+    dims = [(16384, 2048), (8192, 4096), (4096, 8192)]
+    off = {d: 0.05 * standalone_time(truth, "softmax", d) for d in dims}
+    rows = [{"kind": "layernorm", "dims": d, "time_s": standalone_time(truth, "layernorm", d) + off[d]} for d in dims]
+    rows += [{"kind": "softmax", "dims": d, "time_s": standalone_time(truth, "softmax", d) + off[d]} for d in dims]
+    rows += [{"kind": "layernorm", "dims": (32768, 1024), "time_s": 1.0}]
+    fit = fit_standalone_norm(base, rows)
+    assert fit["points"] == 3
+    assert fit["standalone_norm_stream_share"] == pytest.approx(0.7, rel=0.03)
+    with pytest.raises(ValueError):
+        fit_standalone_norm(base, [r for r in rows if r["kind"] == "softmax"])
+
+
+def test_the_committed_harness_spec_carries_the_standalone_norm_fit():
+    sp = load_spec("h100-sxm.calibrated")
+    fit = sp.calibration.standalone_norm_fit
+    assert fit["points"] == 3 and fit["rms_rel_error"] < 0.1
+    assert sp.standalone_norm_stream_share == pytest.approx(fit["standalone_norm_stream_share"])
+    assert sp.standalone_norm_stream_share < 1.0

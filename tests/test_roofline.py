@@ -354,3 +354,33 @@ def test_weights_beyond_l2_stream_once_per_row_blocks_held_at_once():
     assert weight_reread_bytes(w, 400) == 0
     s = np.arange(1, 133)
     assert np.all(np.diff(weight_reread_bytes(w, s)) <= 0)
+
+
+# -- a standalone layernorm at half the resident warps ----------------------------------------------
+def test_cached_row_vectors_follow_the_harness_row_tile():
+    from kitsune_dse.cost.region import cached_row_vectors
+    from kitsune_dse.validate.lower import row_cfg
+    for cols in (8, 256, 1000, 1024, 1793, 2048, 3000, 4096, 8192, 16384, 20000, 40000):
+        _, cached, vpl = row_cfg(cols)
+        assert cached_row_vectors(cols) == (vpl if cached else 0), cols
+
+
+@pytest.mark.parametrize("kind,cols,wide", [("layernorm", 4096, True), ("layernorm", 2048, True),
+                                            ("layernorm", 1024, False), ("softmax", 4096, False),
+                                            ("layernorm", 40000, False)])
+def test_only_a_layernorm_that_caches_8_vectors_a_thread_runs_one_cta_per_sm(kind, cols, wide):
+    sp = spec(standalone_norm_stream_share=0.5)
+    (w,) = kernel_works(Region.of(chain_graph(1024, cols, (kind,))), [("op0",)], sp)
+    assert (w.ctas_per_sm, w.stream_share) == ((1, 0.5) if wide else (2, 1.0))
+
+
+def test_a_kernel_of_half_the_stream_share_streams_on_half_the_ceiling():
+    # 2 x 64 MiB in 1056 tiles (8 full waves of one CTA on 132 SMs: no partial wave), no math:
+    # the saturating HBM curve with its ceiling halved
+    w = KernelWork("ln", "fp16", dram_read_bytes=64 * MiB, dram_write_bytes=64 * MiB, tiles=1056,
+                   stream_share=0.5)
+    assert kernel_time(w, H100, 132) == pytest.approx(128 * MiB / hbm_curve(132, peak=3.35e12 * 0.87 * 0.5),
+                                                      rel=1e-9)
+    # a GEMM, or a step of a persistent kernel, keeps its own ceiling
+    assert kernel_time(replace(w, persistent=True), H100, 132) == \
+        pytest.approx(kernel_time(replace(w, persistent=True, stream_share=1.0), H100, 132))

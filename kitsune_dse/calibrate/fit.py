@@ -294,6 +294,31 @@ def fit_standalone_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
                     lambda sp, r: fused_time(sp, r["kind"], r["dims"]), refs=EPILOGUE_REFS)
 
 
+def standalone_time(spec: HwSpec, kind: str, dims, dtype: str = "fp16") -> float:
+    """The model's time of a microbenchmark case as one-op standalone kernels (a bsp region
+    launched as a CUDA graph: bench/rowop_probe.py's kernels)."""
+    from kitsune_dse.cost.region import Region
+    from kitsune_dse.cost.strategies import LaunchChoice, bsp
+    from kitsune_dse.validate.microbench import case_model
+    g, _ = case_model(kind, dtype, tuple(dims))
+    return bsp(Region.of(g), spec, LaunchChoice("graph")).latency_s
+
+
+def fit_standalone_norm(spec: HwSpec, rows: list[dict]) -> dict:
+    """standalone_norm_stream_share: a standalone layernorm kernel that keeps its rows in
+    registers, 8 vectors a thread, at half a streaming kernel's occupancy; from
+    bench/rowop_probe.py's kernels (rows: kind, dims, time_s), each such layernorm on its
+    increment over the softmax of the same shape (same bytes, same row tile, two CTAs per SM)."""
+    from kitsune_dse.cost.region import WIDE_ROW_VECTORS, cached_row_vectors
+    pts = [{"kind": r["kind"], "dims": list(r["dims"]), "sms": spec.sm_count, "time_s": r["time_s"]}
+           for r in rows if r.get("time_s") and r.get("correct", True) and r.get("kind") in ("layernorm", "softmax")
+           and cached_row_vectors(r["dims"][-1]) >= WIDE_ROW_VECTORS]
+    if not any(p["kind"] == "layernorm" for p in pts):
+        raise ValueError("no standalone layernorm of 2,048 columns or more was measured")
+    return _fit_one(spec, pts, "standalone_norm_stream_share", 1.0, 0.9, 0.2, 1.0,
+                    lambda sp, r: standalone_time(sp, r["kind"], r["dims"]), refs={"layernorm": "softmax"})
+
+
 def fit_epilogue_vector(spec: HwSpec, rows: list[dict]) -> dict:
     """Per tile (128 columns) and vector a persistent GEMM's epilogue reads (a bias): one-stage
     GEMMs with a bias, each on its increment over the same GEMM without (cases with no such

@@ -296,9 +296,30 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
         return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))
+    wide_norm = any(g.op(o).kind == "layernorm" and cached_row_vectors(g.tensors[g.op(o).inputs[0]].shape[-1])
+                    >= WIDE_ROW_VECTORS for o in group)
     return KernelWork(name="+".join(group), dtype=dtype, tensor_flops=tensor, simt_flops=simt,
                       dram_read_bytes=dram_read, dram_write_bytes=dram_write, l2_bytes=l2_read,
-                      tiles=tiles, ctas_per_sm=2)
+                      tiles=tiles, ctas_per_sm=1 if wide_norm else 2,
+                      stream_share=spec.standalone_norm_stream_share if wide_norm else 1.0)
+
+
+# a row op's kernel keeps a row in registers, 8 elements a vector, 1-8 warps a row, at most 8
+# vectors a thread (validate.lower.row_cfg); a layernorm holding 8 (2,048 columns and up) needs
+# 146-149 registers a thread (nvcc on bench/rowop_probe.py's kernels; 64 at 1,024 columns, 4
+# vectors): one 256-thread CTA per SM, half a softmax's resident warps (105-127 registers)
+WIDE_ROW_VECTORS = 8
+MAX_ROW_VECTORS = 8
+
+
+def cached_row_vectors(cols: int) -> int:
+    """Vectors of 8 elements each thread of a row op's kernel keeps of a row of `cols`
+    (0: the row is too wide to keep, two passes over memory)."""
+    for warps in (1, 2, 4, 8):
+        vpl = -(-cols // (warps * 256))
+        if vpl <= MAX_ROW_VECTORS:
+            return vpl
+    return 0
 
 
 def kernel_variants(region: Region, group: tuple[str, ...], spec: HwSpec, work: KernelWork):

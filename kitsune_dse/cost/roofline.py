@@ -71,6 +71,8 @@ class KernelWork:
     weight_share: float = 1.0      # efficiency.l2_weight_share of the spec it was costed with
     weight_l2_hit: float = 0.0     # share of a re-read pass L2 still holds (cost.l2_residency
                                    # .streamed_weight_hit: the stages' streamed weights against L2)
+    stream_share: float = 1.0      # standalone: the share of the streaming rate its occupancy
+                                   # reaches (HwSpec.standalone_norm_stream_share)
     deferred_write_bytes: float = 0.0  # of dram_write_bytes: still dirty in L2 when its region
                                    # ends (cost.reuse.dirty_residue), written after it (its
                                    # time still pays for them, as the next region would)
@@ -418,8 +420,11 @@ def _ramp(work: KernelWork, spec: HwSpec) -> float:
 
 def _hbm_ceiling(work: KernelWork, spec: HwSpec) -> float | None:
     """A GEMM streams its operands at its own calibrated ceiling (cp.async tile loads of two
-    CTAs or teams per SM), not at a streaming kernel's; standalone and persistent apart."""
+    CTAs or teams per SM), not at a streaming kernel's; standalone and persistent apart. A
+    standalone kernel of fewer resident warps streams at its share of the streaming one's."""
     if not _is_gemm(work):
+        if work.stream_share < 1.0 and not work.persistent:
+            return spec.efficiency.hbm * work.stream_share
         return None
     return spec.efficiency.persistent_gemm_hbm if work.persistent else spec.efficiency.gemm_hbm
 

@@ -237,6 +237,13 @@ class HwSpec(_Strict):
                                                 # other's main loop (measured: a GELU epilogue adds
                                                 # 17 us to 16384 x 3072 x 768 there, 31 in the
                                                 # persistent kernel; None: transcendental_flops)
+    standalone_norm_stream_share: Annotated[float, Field(gt=0, le=1, allow_inf_nan=False)] = 1.0
+                                                # a standalone layernorm kernel whose rows the
+                                                # harness keeps in registers, 8 vectors a thread
+                                                # (2,048 columns and up: 146-149 registers, one
+                                                # CTA of 256 threads per SM where a softmax fits
+                                                # two): the share of the streaming rate it
+                                                # reaches (bench/rowop_probe.py; 1: the same)
     persistent_row_load_slowdown: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # a row-op step's stream rate over 1 + this x the
                                                 # chip's load (GEMM stages beside it; calibrated
