@@ -657,6 +657,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         cal["l2_rms_rel_error"] = l2["rms_rel_error"]
         cal["l2_max_rel_error"] = l2["max_rel_error"]
         cal["l2_rms_rel_error_all_points"] = l2["rms_rel_error_all_points"]
+        if sp is harness:   # codegen's element-wise grid-stride loop (cost.reuse: what later kernels find)
+            data["elementwise_grid_ctas_per_sm"] = 32
         frames_csv = ROOT / "results/validation/h100/frame_probe/frames.csv"
         if sp is harness and frames_csv.exists():
             # the pipeline kernel's local memory per thread (nvcc's report of probe kernels,

@@ -79,7 +79,7 @@ def _probe_medians(csvs: list[Path], keep, columns: dict[str, str]) -> list[dict
 
 def fit_probes(csvs: list[Path]) -> list[dict]:
     """The measured probes (median over the CSVs given) as calibrate.fit_dram wants them."""
-    return _probe_medians(csvs, lambda n: n in PROBES and not n.startswith(("gemm-", "seq-", "diag-")),
+    return _probe_medians(csvs, lambda n: n in PROBES and not n.startswith(("gemm-", "seq-", "diag-", "gg-")),
                           {"read_bytes": "measured_dram_read_bytes", "write_bytes": "measured_dram_write_bytes"})
 
 

@@ -160,6 +160,20 @@ for _d in (16, 48, 72, 96):
 for _d in (16, 40, 48, 56):
     PROBES[f"wbq-att1k-d{_d}"] = (ATT_S1K, [_pipe(ATT_STAGES, [44, 44, 44], 128, [_d, _d], ["row", "row"])])
 
+# sixteenth session: does L2 keep a GEMM's last-written output past an unrelated stream? A residual
+# add after its GEMM finds 8-25% of the GEMM's output (seq-*-2b), where the position of the
+# parts says none. gg-*: the GEMM (12288 x 4096 x 1024, bertm's fc2), then z (16.8, 67 or 268 MB)
+# streamed by a kernel that only reads it (r: a narrow GEMM) or reads and writes it (w: a ReLU),
+# then the add; the add's reads are the difference of the -3 and -2 ranges
+GG = str(ROOT / "bench/probe_models/gemm-gap-add.yaml")
+PROBES["gg-ctl-1"] = ((GG, {}), [_bsp(["mm"]), _bsp(["gapr", "gapw", "add"])])
+PROBES["gg-ctl-2"] = ((GG, {}), [_bsp(["mm", "add"]), _bsp(["gapr", "gapw"])])
+for _z in (8192, 32768, 131072):
+    for _k, _other in (("r", "gapw"), ("w", "gapr")):
+        _gap = "gapr" if _k == "r" else "gapw"
+        PROBES[f"gg-{_k}{_z}-2"] = ((GG, {"zrows": _z}), [_bsp(["mm", _gap]), _bsp([_other, "add"])])
+        PROBES[f"gg-{_k}{_z}-3"] = ((GG, {"zrows": _z}), [_bsp(["mm", _gap, "add"]), _bsp([_other])])
+
 # fifteenth session: what a kernel finds in L2 of what the kernel before it read or wrote. The
 # same MLP cut into one, two and four kernel-per-op (plan) or fused (fusion) kernels, each range
 # from a flushed L2: a later kernel's reads are the difference of two ranges. Sizes are none of

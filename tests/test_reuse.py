@@ -53,6 +53,40 @@ def test_an_element_wise_pair_streams_in_memory_order():
     assert works[1].dram_read_bytes == 0.0 and works[1].l2_bytes == 16 * MiB
 
 
+def test_an_element_wise_kernel_runs_the_harness_grid_stride_order():
+    # relu over [1024, 1024] fp16 on one SM: 131,072 vectors of 8; a grid of 32 CTAs (the cap per
+    # SM) sweeps 8,192 a step in 16 steps; 8 CTAs at a time, so 4 batches. Part (0, 0): vector 0
+    # (batch 0, step 0) first; its row 127 reaches vector 16,271 (step 1, CTA 31: batch 3) last,
+    # at (3 + 2/16) / 4. Part (7, 7): row 896's vector 114,800 is step 14 of CTA 0, at
+    # (0 + 14/16) / 4; row 1023's last is step 15 of CTA 31, the run's end. In memory order the
+    # last part would come at 63/64 of the run
+    g = build("one", [Tensor("x", (1024, 1024), "fp16")], [("op0", "relu", ("x",), ("y",))], ["x"], [])
+    first, last = touch_positions(g, ("op0",), "x", frozenset({"x"}), 1, 32, 8)
+    assert (first[0], last[0]) == (0.0, (3 + 2 / 16) / 4)
+    assert (first[63], last[63]) == ((14 / 16) / 4, 1.0)
+    mem_first, _ = touch_positions(g, ("op0",), "x", frozenset({"x"}))
+    assert mem_first[63] == 63 / 64
+    # a GEMM keeps its waves whatever the SMs
+    h = mlp_head()
+    assert np.array_equal(touch_positions(h, ("fc1",), "h", frozenset({"h"}), 132, 32, 8)[1],
+                          touch_positions(h, ("fc1",), "h", frozenset({"h"}))[1])
+
+
+def test_an_add_after_its_gemm_finds_the_last_wave_it_reaches_early():
+    # o = x @ w (12288 x 4096 x 1024, bertm's fc2: 768 tiles, 2.9 waves of 264), then y = o + r:
+    # 1.57 M vectors a tensor against a grid's sweep of 1.08 M, so the add's CTAs reach o's last
+    # rows (the GEMM's last wave) in their second step, within the first half of the add: found
+    # in L2 (ncu, bench/dram_probe.py gg-ctl: 5.1-5.5 MB of o's 25 MB); in memory order none
+    g = build("ga", [Tensor("x", (12288, 4096), "fp16"), Tensor("w", (4096, 1024), "fp16"),
+                     Tensor("r", (12288, 1024), "fp16")],
+              [("mm", "matmul", ("x", "w"), ("o",)), ("add", "add", ("o", "r"), ("y",))], ["x", "r"], ["w"])
+    harness = H100.model_copy(update={"elementwise_grid_ctas_per_sm": 32})
+    mm, add = kernel_works(Region.of(g), bsp_groups(Region.of(g)), harness)
+    found = add.l2_bytes
+    assert 2 * MiB < found < 12 * MiB
+    assert add.dram_read_bytes == pytest.approx(2 * 12288 * 1024 * 2 - found)
+
+
 @settings(max_examples=200, deadline=None)
 @given(st.lists(st.floats(0, 1), min_size=1, max_size=40), st.floats(0, 200), st.floats(0, 200),
        st.floats(0, 200), st.floats(1, 100), st.floats(0, 50))

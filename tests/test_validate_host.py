@@ -537,3 +537,20 @@ def test_the_check_tolerance_grows_with_the_roundings_on_the_path():
     # a region's own ops only: its inputs arrive rounded once, as stored
     g = load_model("gpt3-mlp")
     assert rounding_depth(VRegion(g, {"id": 1, "strategy": "bsp", "ops": ["fc2", "residual"]}), "y") == 2
+
+
+def test_elementwise_grid_is_the_one_the_cost_model_orders():
+    # the cost model (cost.reuse, HwSpec.elementwise_grid_ctas_per_sm of the calibrated spec)
+    # places an element-wise kernel's touches by the harness's grid-stride loop: 256 threads a
+    # CTA, a vector of 8 a thread, at most 32 CTAs per SM in the grid
+    from kitsune_dse.cost.reuse import EW_THREADS, EW_VECTOR
+    from kitsune_dse.hw import load_spec
+    reg, _ = _region(_plan("gpt3-mlp-t2048-tp8"))
+    bt = codegen.BufTable()
+    _, launches, _ = codegen.standalone_source(reg, bsp_groups(reg), bt, 132, "bsp")
+    g = [grp for grp in bsp_groups(reg) if grp.ops == ["gelu"]][0]
+    total = g.rows * (g.cols // EW_VECTOR)
+    per_sm = load_spec("h100-sxm.calibrated").elementwise_grid_ctas_per_sm
+    assert per_sm == 32
+    ln = next(ln for ln in launches if ln.group == g.name)
+    assert ln.block == EW_THREADS and ln.grid[0] == min(-(-total // EW_THREADS), 132 * per_sm)

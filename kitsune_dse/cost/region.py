@@ -30,7 +30,7 @@ import numpy as np
 from kitsune_dse.cost.gemm_l2 import operand_reads
 from kitsune_dse.cost.l2_residency import write_back_fraction
 from kitsune_dse.cost.memo import table
-from kitsune_dse.cost.reuse import dirty_residue, hit_fraction, touch_positions
+from kitsune_dse.cost.reuse import EW_THREADS, dirty_residue, hit_fraction, touch_positions
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, SPLIT_K, KernelWork, best_gemm_tile,
                                        gemm_tile_options, gemm_tiles, simt_flops, split_k_partials_bytes)
 from kitsune_dse.graph.ir import DTYPE_BYTES, Graph, OpClass
@@ -209,7 +209,7 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
             elif prefix[i + 1] - prefix[j] <= budget:     # both kernels whole and all between fit
                 hit = 1.0
             else:
-                hit = hit_fraction(_touch(g, tuple(groups[j]), t)[1], _touch(g, tuple(grp), t)[0],
+                hit = hit_fraction(_touch(g, tuple(groups[j]), t, spec)[1], _touch(g, tuple(grp), t, spec)[0],
                                    touched[j], prefix[i] - prefix[j + 1], touched[i], budget)
             l2_r += hit * b
             miss = (1.0 - hit) * b
@@ -240,10 +240,13 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
     return [w if r <= 0.0 else w.but(deferred_write_bytes=r) for w, r in zip(works, residue)]
 
 
-def _touch(g: Graph, group: tuple[str, ...], t: str):
-    """Where in its run a kernel touches each part of tensor t (cost.reuse)."""
+def _touch(g: Graph, group: tuple[str, ...], t: str, spec: HwSpec):
+    """Where in its run a kernel touches each part of tensor t (cost.reuse; an element-wise
+    kernel's grid-stride order on the spec's SMs, as many 256-thread CTAs at once on each as
+    its threads allow)."""
     names = frozenset(x for o in group for x in (*g.op(o).inputs, *g.op(o).outputs) if view_base(g, x) == t)
-    return touch_positions(g, group, t, names | {t})
+    return touch_positions(g, group, t, names | {t}, spec.sm_count, spec.elementwise_grid_ctas_per_sm,
+                           max(1, min(spec.max_ctas_per_sm, spec.max_threads_per_sm // EW_THREADS)))
 
 
 def group_work(region: Region, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,

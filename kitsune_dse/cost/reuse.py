@@ -7,6 +7,12 @@ its first touch. Where in its run a kernel touches a part follows its grid:
   * a GEMM runs its CTAs in grouped raster order (cost.gemm_l2.raster), WAVE_CTAS at a time: an
     output tile, and an input read in the epilogue, is touched during its CTA's wave; a row-block
     of A from the first to the last wave of the CTAs of that row-block, a column tile of B alike;
+  * an element-wise kernel runs the harness's grid-stride loop (HwSpec.elementwise_grid_ctas_per_sm):
+    256-thread CTAs, at most 32 per SM of them, a vector of 8 elements a thread per step; the CTAs resident at once (8 per SM)
+    sweep the whole tensor, a step every grid's width of vectors, before the next ones start:
+    a tensor larger than one grid's sweep (17 MB of fp16 on 132 SMs) has its end touched early
+    (`gg-*` probes: an add after its GEMM finds the GEMM's last wave, the last 31% of the rows,
+    which memory order reaches after 52 MB of the add's own traffic);
   * any other kernel streams through its tensors in memory order.
 A kernel's bytes are spread evenly over its run. Parts are tiles of 128 x 128 elements of the
 tensor seen as a matrix (leading dimensions folded into rows; larger where a tensor would have
@@ -27,7 +33,7 @@ import math
 import numpy as np
 
 from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, raster
-from kitsune_dse.graph.ir import Graph
+from kitsune_dse.graph.ir import Graph, OpClass
 
 PART = 128            # rows and columns of a part ...
 MAX_PARTS = 1 << 14   # ... doubled along the longer side where a tensor would have more parts
@@ -53,15 +59,51 @@ def _streamed(pr: int, pc: int) -> tuple[np.ndarray, np.ndarray]:
     return p / n, (p + 1) / n
 
 
+EW_THREADS = 256            # the harness's element-wise kernel: threads a CTA ...
+EW_VECTOR = 8               # ... elements a thread per step (its grid's CTAs per SM: the spec's)
+SAMPLE_ROWS = 16            # rows of a part whose vectors place it in a grid-stride run
+
+
+def _grid_stride(rows: int, cols: int, pr: int, pc: int, part_r: int, part_c: int,
+                 sms: int, grid_per_sm: int, resident_per_sm: int) -> tuple[np.ndarray, np.ndarray]:
+    """(first, last) of each part in the harness's grid-stride element-wise kernel over a
+    [rows, cols] iteration space: CTA c steps through vectors c x 256 + k x (grid x 256); the
+    CTAs resident at once (a batch, in block order) run their steps together and the next
+    batch starts when they end, so step k of batch b spans [b + k / steps, b + (k + 1) / steps]
+    of the run's batches."""
+    nv = max(1, math.ceil(cols / EW_VECTOR))
+    total = rows * nv
+    grid = max(1, min(math.ceil(total / EW_THREADS), sms * grid_per_sm))
+    width = grid * EW_THREADS
+    steps = math.ceil(total / width)
+    batch = max(1, sms * resident_per_sm)
+    batches = math.ceil(grid / batch)
+    # each part: SAMPLE_ROWS of its rows, the first and last vector of its columns in each
+    r = np.minimum(np.arange(pr)[:, None] * part_r
+                   + np.linspace(0, part_r - 1, min(part_r, SAMPLE_ROWS)).astype(int)[None, :], rows - 1)
+    c0 = np.arange(pc) * part_c // EW_VECTOR
+    c1 = np.minimum((np.arange(pc) + 1) * part_c, cols) // EW_VECTOR - 1
+    v = r[:, None, :, None] * nv + np.stack([c0, np.maximum(c0, c1)], axis=1)[None, :, None, :]
+    b, k = (v % width) // EW_THREADS // batch, v // width
+    first = ((b + k / steps) / batches).reshape(pr * pc, -1).min(axis=1)
+    last = ((b + (k + 1) / steps) / batches).reshape(pr * pc, -1).max(axis=1)
+    return first, last
+
+
 @functools.lru_cache(maxsize=1 << 14)
-def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: frozenset[str]) -> tuple:
+def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: frozenset[str],
+                    sms: int = 0, grid_per_sm: int = 0, resident_per_sm: int = 8) -> tuple:
     """(first, last): arrays over the tensor's parts (row-major) of the fraction of the kernel's
     run at which it first and last touches each part. `names`: the tensor and the views of it
-    the kernel's ops name (the same memory)."""
+    the kernel's ops name (the same memory). `grid_per_sm` > 0: an element-wise kernel's
+    grid-stride order, that many CTAs per SM in its grid on `sms` SMs, `resident_per_sm` of
+    them at once on each; 0: memory order."""
     rows, cols, pr, pc, part_r, part_c = part_grid(graph.tensors[tensor].shape)
     gemm = next((graph.op(o) for o in group if graph.op(o).info.gemm is not None
                  and graph.op(o).info.gemm.batch == 1), None)
     if gemm is None:
+        if sms and grid_per_sm and _grid_strided(graph, group, (rows, cols)):
+            return _grid_stride(rows, cols, pr, pc, part_r, part_c, sms, grid_per_sm, resident_per_sm)
         return _streamed(pr, pc)
     gd = gemm.info.gemm
     tm, tn = (64 if gd.m <= 64 else 128), 128
@@ -98,6 +140,17 @@ def touch_positions(graph: Graph, group: tuple[str, ...], tensor: str, names: fr
         w = at[np.ix_(r_part, c)].ravel()
         return w, w
     return _streamed(pr, pc)
+
+
+def _grid_strided(graph: Graph, group: tuple[str, ...], matrix: tuple[int, int]) -> bool:
+    """Whether the harness runs the group as its grid-stride element-wise kernel over a tensor
+    of this [rows, cols] (its iteration space: the group's output's shape)."""
+    ops = [graph.op(o) for o in group if not graph.op(o).info.is_view]
+    if not ops or any(op.info.op_class is not OpClass.ELEMENTWISE for op in ops):
+        return False
+    out = graph.tensors[ops[-1].outputs[0]].shape
+    cols = int(out[-1]) if out else 1
+    return (int(math.prod(out[:-1])) if len(out) > 1 else 1, cols) == matrix
 
 
 def _span(tile_of_cta: np.ndarray, tiles: int, wave: np.ndarray, start: np.ndarray,

@@ -299,6 +299,13 @@ class HwSpec(_Strict):
                                                 # how the GEMM library picks tile and split-K:
                                                 # the fastest of gemm_tile_shapes x SPLIT_K, or the
                                                 # validation harness's fixed rule (its kernels)
+    elementwise_grid_ctas_per_sm: Annotated[int, Field(ge=0, le=1024)] = 0
+                                                # a standalone element-wise kernel's grid-stride
+                                                # loop: at most this many 256-thread CTAs per SM,
+                                                # those its threads allow resident at once sweeping
+                                                # the whole tensor before the next start (cost.reuse:
+                                                # where in its run it touches each part; the
+                                                # harness: 32); 0: memory order
     gemm_read_grids: list[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)],
                                 Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] | None = None
                                                 # (up to M rows, tile rows, tile cols, CTAs per
