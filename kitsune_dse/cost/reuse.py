@@ -7,12 +7,13 @@ its first touch. Where in its run a kernel touches a part follows its grid:
   * a GEMM runs its CTAs in grouped raster order (cost.gemm_l2.raster), WAVE_CTAS at a time: an
     output tile, and an input read in the epilogue, is touched during its CTA's wave; a row-block
     of A from the first to the last wave of the CTAs of that row-block, a column tile of B alike;
-  * an element-wise kernel runs the harness's grid-stride loop (HwSpec.elementwise_grid_ctas_per_sm):
-    256-thread CTAs, at most 32 per SM of them, a vector of 8 elements a thread per step; the CTAs resident at once (8 per SM)
-    sweep the whole tensor, a step every grid's width of vectors, before the next ones start:
-    a tensor larger than one grid's sweep (17 MB of fp16 on 132 SMs) has its end touched early
-    (`gg-*` probes: an add after its GEMM finds the GEMM's last wave, the last 31% of the rows,
-    which memory order reaches after 52 MB of the add's own traffic);
+  * an element-wise kernel runs the harness's grid-stride loop (with the spec's
+    elementwise_grid_ctas_per_sm, the harness's 32): 256-thread CTAs, a vector of 8 elements a
+    thread per step; the CTAs resident at once (8 per SM) sweep the whole tensor, a step every
+    grid's width of vectors, before the next ones start, so a tensor larger than one sweep
+    (17 MB of fp16 on 132 SMs) has its end touched early (bench/dram_probe.py gg-*: an add after
+    its GEMM finds the GEMM's last wave, the last 31% of the rows, which memory order reaches
+    after 52 MB of the add's own traffic);
   * any other kernel streams through its tensors in memory order.
 A kernel's bytes are spread evenly over its run. Parts are tiles of 128 x 128 elements of the
 tensor seen as a matrix (leading dimensions folded into rows; larger where a tensor would have
