@@ -473,6 +473,45 @@ def collect(src: Path) -> None:
     print(f"copied into {RESULTS}")
 
 
+def add_runs(dirs: list[Path]) -> None:
+    """Add more runs of the same plans (another call, another lent machine) beside the collected
+    ones: each DIR's validation.csv (a --run output) as the next validation_repeat_N.csv, and each
+    DIR's validation_ncu.csv and validation_ncu_repeat_*.csv (an --ncu output) as the next
+    validation_ncu_repeat_N.csv. bench/accuracy.py takes the median over all of them. Refused
+    when a DIR's rows are not the collected run's plans."""
+    import csv
+    import re
+    import shutil
+
+    def keys(path: Path) -> set:
+        return {(r["plan"], r["region"], r["variant"]) for r in csv.DictReader(open(path))}
+
+    def next_free(stem: str) -> int:
+        used = [int(m.group(1)) for q in RESULTS.glob(f"{stem}_*.csv")
+                if (m := re.fullmatch(rf"{stem}_(\d+)\.csv", q.name))]
+        return max(used, default=0) + 1
+
+    want = keys(RESULTS / "validation.csv")
+    want_ncu = keys(RESULTS / "validation_ncu.csv") if (RESULTS / "validation_ncu.csv").exists() else set()
+    for d in dirs:
+        runs = [d / "validation.csv"] if (d / "validation.csv").exists() else []
+        ncus = sorted(d.glob("validation_ncu*.csv"))
+        if not runs and not ncus:
+            raise SystemExit(f"error: {d}: no validation.csv or validation_ncu*.csv to add")
+        for src in runs:
+            if keys(src) != want:
+                raise SystemExit(f"error: {src}: its rows are not the plans of {RESULTS / 'validation.csv'}")
+            dst = RESULTS / f"validation_repeat_{next_free('validation_repeat')}.csv"
+            shutil.copy(src, dst)
+            print(f"{src} -> {dst.name}")
+        for src in ncus:
+            if keys(src) != want_ncu:
+                raise SystemExit(f"error: {src}: its ranges are not those of {RESULTS / 'validation_ncu.csv'}")
+            dst = RESULTS / f"validation_ncu_repeat_{next_free('validation_ncu_repeat')}.csv"
+            shutil.copy(src, dst)
+            print(f"{src} -> {dst.name}")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--prepare", action="store_true")
@@ -481,6 +520,8 @@ def main():
     ap.add_argument("--ncu", action="store_true")
     ap.add_argument("--ncu-child", nargs=2)
     ap.add_argument("--collect", default="")
+    ap.add_argument("--add-runs", nargs="+", default=[], metavar="DIR",
+                    help="more runs of the collected plans: --run or --ncu output folders")
     ap.add_argument("--only", default="", help="comma-separated workloads (--run)")
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--ncu-budget-s", type=float, default=400.0, help="for all the ncu passes")
@@ -499,6 +540,8 @@ def main():
         ncu_child(*a.ncu_child)
     if a.collect:
         collect(Path(a.collect))
+    if a.add_runs:
+        add_runs([Path(x) for x in a.add_runs])
 
 
 if __name__ == "__main__":

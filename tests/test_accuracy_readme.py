@@ -109,3 +109,29 @@ def test_spearman_between_runs(tmp_path):
     (tmp_path / "validation_repeat_1.csv").unlink()
     (tmp_path / "validation_repeat_2.csv").unlink()
     assert acc.spearman_between_runs(tmp_path, workload) is None      # one run: nothing to compare
+
+
+def test_add_runs_numbers_the_next_repeats_and_refuses_other_plans(tmp_path):
+    """bench/validate_suite.py --add-runs: a second call's run and ncu passes join the collected
+    ones as the next repeats; a run of other plans is refused."""
+    spec = importlib.util.spec_from_file_location("kdse_bench_validate_suite", ROOT / "bench/validate_suite.py")
+    vs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vs)
+    head = "plan,region,variant,measured_latency_s\n"
+    res, run, ncu, other = (tmp_path / x for x in ("results", "run", "ncu", "other"))
+    for d in (res, run, ncu, other):
+        d.mkdir()
+    (res / "validation.csv").write_text(head + "w/p1,0,plan,1.0\n")
+    (res / "validation_repeat_1.csv").write_text(head + "w/p1,0,plan,1.1\n")
+    (res / "validation_ncu.csv").write_text(head + "w/p1,0,plan,\n")
+    (run / "validation.csv").write_text(head + "w/p1,0,plan,1.2\n")
+    (ncu / "validation_ncu.csv").write_text(head + "w/p1,0,plan,\n")
+    (ncu / "validation_ncu_repeat_1.csv").write_text(head + "w/p1,0,plan,\n")
+    (other / "validation.csv").write_text(head + "w/p2,0,plan,1.0\n")
+    vs.RESULTS = res
+    vs.add_runs([run, ncu])
+    assert (res / "validation_repeat_2.csv").read_text().endswith("1.2\n")
+    assert {p.name for p in res.glob("validation_ncu_repeat_*.csv")} == {"validation_ncu_repeat_1.csv",
+                                                                       "validation_ncu_repeat_2.csv"}
+    with pytest.raises(SystemExit, match="not the plans"):
+        vs.add_runs([other])
