@@ -160,6 +160,12 @@ for _d in (16, 48, 72, 96):
 for _d in (16, 40, 48, 56):
     PROBES[f"wbq-att1k-d{_d}"] = (ATT_S1K, [_pipe(ATT_STAGES, [44, 44, 44], 128, [_d, _d], ["row", "row"])])
 
+# sixteenth session: the MLP pair's queue with 256 KB slots (attention's size; the tiny and mid
+# pairs have 512 KB and 1 MB): is attention's lower write-back at a footprint its slots' size?
+SLOT256 = ("gpt3-mlp", {"tokens": 131072, "hidden": 256, "ffn": 1024})      # h: 268 MB, 1024 rbs
+for _d in (40, 48, 56, 64, 80):
+    PROBES[f"wbs-mlp256k-d{_d}-row"] = (SLOT256, [_pipe(PAIR, [66, 66], 128, [_d], ["row"])])
+
 # sixteenth session: does L2 keep a GEMM's last-written output past an unrelated stream? A residual
 # add after its GEMM finds 8-25% of the GEMM's output (seq-*-2b), where the position of the
 # parts says none. gg-*: the GEMM (12288 x 4096 x 1024, bertm's fc2), then z (16.8, 67 or 268 MB)
