@@ -128,4 +128,5 @@ def _misses(since: np.ndarray, threshold: float, half: float) -> float:
     a step at threshold)."""
     if half <= 0.0:
         return float(np.count_nonzero(since > threshold))
-    return float(np.sum(np.clip(0.5 + (since - threshold) / (2.0 * half), 0.0, 1.0)))
+    with np.errstate(over="ignore"):    # a ramp narrower than a float's range is a step: inf clips to 1
+        return float(np.sum(np.clip(0.5 + (since - threshold) / (2.0 * half), 0.0, 1.0)))
