@@ -491,26 +491,22 @@ def add_runs(dirs: list[Path]) -> None:
                 if (m := re.fullmatch(rf"{stem}_(\d+)\.csv", q.name))]
         return max(used, default=0) + 1
 
-    want = keys(RESULTS / "validation.csv")
-    want_ncu = keys(RESULTS / "validation_ncu.csv") if (RESULTS / "validation_ncu.csv").exists() else set()
+    def add(src: Path, ref: str, stem: str, what: str) -> None:
+        if not (RESULTS / ref).exists() or keys(src) != keys(RESULTS / ref):
+            raise SystemExit(f"error: {src}: its {what} of {RESULTS / ref}")
+        dst = RESULTS / f"{stem}_{next_free(stem)}.csv"
+        shutil.copy(src, dst)
+        print(f"{src} -> {dst.name}")
+
     for d in dirs:
         runs = [d / "validation.csv"] if (d / "validation.csv").exists() else []
         ncus = sorted(d.glob("validation_ncu*.csv"))
         if not runs and not ncus:
             raise SystemExit(f"error: {d}: no validation.csv or validation_ncu*.csv to add")
         for src in runs:
-            if keys(src) != want:
-                raise SystemExit(f"error: {src}: its rows are not the plans of {RESULTS / 'validation.csv'}")
-            dst = RESULTS / f"validation_repeat_{next_free('validation_repeat')}.csv"
-            shutil.copy(src, dst)
-            print(f"{src} -> {dst.name}")
+            add(src, "validation.csv", "validation_repeat", "rows are not the plans")
         for src in ncus:
-            if keys(src) != want_ncu:
-                raise SystemExit(f"error: {src}: its ranges are not those of {RESULTS / 'validation_ncu.csv'}")
-            dst = RESULTS / f"validation_ncu_repeat_{next_free('validation_ncu_repeat')}.csv"
-            shutil.copy(src, dst)
-            print(f"{src} -> {dst.name}")
-
+            add(src, "validation_ncu.csv", "validation_ncu_repeat", "ranges are not those")
 
 def main():
     ap = argparse.ArgumentParser()

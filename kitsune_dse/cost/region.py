@@ -311,8 +311,8 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
 # vectors a thread (validate.lower.row_cfg); a layernorm holding 8 (2,048 columns and up) needs
 # 146-149 registers a thread (nvcc on bench/rowop_probe.py's kernels; 64 at 1,024 columns, 4
 # vectors): one 256-thread CTA per SM, half a softmax's resident warps (105-127 registers)
-WIDE_ROW_VECTORS = 8
 MAX_ROW_VECTORS = 8
+WIDE_ROW_VECTORS = MAX_ROW_VECTORS    # the rows kept at the most vectors a thread holds
 
 
 def cached_row_vectors(cols: int) -> int:
