@@ -18,7 +18,9 @@ workloads (other sizes of the zoo's models), each built to isolate one mechanism
     here:    python bench/dram_probe.py --prepare && python bench/dram_probe.py --precompile
              (--only PROBES with --prepare: re-plan those probes, keep the others' plans)
     device:  python3 bench/dram_probe.py --ncu --out $OUT      # -> dram_probe_ncu.csv
-             (--only wb-nerf,wbn: those probes; KDSE_RING_ALLOC=arena: rings in one allocation)
+             (--only wb-nerf,wbn: those probes; KDSE_RING_ALLOC=arena: rings in one allocation;
+             KDSE_PROBE_DRAIN=1: each probe also as `plan+drain`, a read sweep of 4x the L2 in the
+             same range after it: its writes beyond the plain range's are what it left dirty)
              python3 bench/dram_probe.py --run --out $OUT      # -> dram_probe_run.csv (latency)
     here:    python bench/dram_probe.py --report DIR            # model beside each measurement
 """
@@ -66,6 +68,8 @@ def _probe_medians(csvs: list[Path], keep, columns: dict[str, str]) -> list[dict
     from kitsune_dse.graph import load_model
     from kitsune_dse.report.plan import choice_from_region
     d = pd.concat([pd.read_csv(c) for c in csvs])
+    if "variant" in d.columns:      # the drained ranges (--ncu with KDSE_PROBE_DRAIN) apart
+        d = d[~d["variant"].astype(str).str.endswith("+drain")]
     out = []
     for name, grp in d.groupby("probe", sort=True):
         if not keep(name):
@@ -102,6 +106,8 @@ def sequence_rows(csvs: list[Path]) -> list[dict]:
 
     from kitsune_dse.graph import load_model
     d = pd.concat([pd.read_csv(c) for c in csvs])
+    if "variant" in d.columns:      # the drained ranges (--ncu with KDSE_PROBE_DRAIN) apart
+        d = d[~d["variant"].astype(str).str.endswith("+drain")]
     d = d[d["probe"].str.startswith("seq-") & (d["variant"] == "plan")]
     out = []
     for name, grp in d.groupby("probe", sort=True):
@@ -122,6 +128,8 @@ def _gemm_read_medians(csvs: list[Path], variant: str) -> dict[str, float]:
     over the CSVs given."""
     import pandas as pd
     d = pd.concat([pd.read_csv(c) for c in csvs])
+    if "variant" in d.columns:      # the drained ranges (--ncu with KDSE_PROBE_DRAIN) apart
+        d = d[~d["variant"].astype(str).str.endswith("+drain")]
     d = d[d["probe"].str.startswith("gemm-") & (d.get("variant", "plan") == variant)]
     return {name: float(grp["measured_dram_read_bytes"].median()) for name, grp in d.groupby("probe", sort=True)}
 
@@ -244,6 +252,23 @@ def ncu_child(order_path: str) -> None:
     flush = L2Flusher()
     order = []
     stream.__enter__()
+    drain = None
+    if os.environ.get("KDSE_PROBE_DRAIN"):
+        # after each probe, in the same range, a read-only sweep of 4x the L2 (a sum): every
+        # dirty line the probe left in L2 is evicted by it and reaches DRAM inside the range
+        sweep = cp.ones((info.l2_bytes,), dtype=cp.float32)
+        total = cp.zeros((), dtype=cp.float32)
+
+        def drain(s):
+            cp.sum(sweep, out=total)
+        drain(stream)                      # (its kernel compiled outside any range)
+        flush(stream)
+        stream.synchronize()
+        cp.cuda.runtime.profilerStart()    # the sweep alone: what it moves by itself
+        drain(stream)
+        stream.synchronize()
+        cp.cuda.runtime.profilerStop()
+        order.append(["ctl-drain", "drain"])
     for m, _, graph, region in _regions():
         def on_range(v, m=m):
             order.append([m["probe"], v.name])
@@ -251,7 +276,8 @@ def ncu_child(order_path: str) -> None:
         # a standalone GEMM grid also as cuBLAS runs it (the cublas baselines' reads)
         variants = (["plan", "cublas"] if m["probe"].startswith("gemm-") else
                     SEQ_VARIANTS if m["probe"].startswith(("seq-", "diag-")) else ["plan"])
-        profile_region(Region(graph, region), region, info, variants, stream, flush, on_range)
+        profile_region(Region(graph, region), region, info, variants, stream, flush, on_range,
+                       drain=drain)
 
 
 def ncu(out: Path, budget_s: float) -> None:
@@ -264,12 +290,14 @@ def ncu(out: Path, budget_s: float) -> None:
     by = {m["probe"]: m for m in json.loads((PROBES_DIR / "manifest.json").read_text())}
     rows = []
     for (name, variant), r in zip(names, res):
-        rows.append({**by[name], "variant": variant, "measured_dram_read_bytes": r.get("dram__bytes_read.sum", float("nan")),
+        rows.append({**by.get(name, {"probe": name}), "variant": variant,
+                     "measured_dram_read_bytes": r.get("dram__bytes_read.sum", float("nan")),
                      "measured_dram_write_bytes": r.get("dram__bytes_write.sum", float("nan")),
                      **{k: v for k, v in r.items() if not k.startswith("dram__")},
                      "gpu": env.get("gpu"), "driver": env.get("driver"), "date": env.get("date"),
-                     "command": "python3 bench/dram_probe.py --ncu (ncu --clock-control none "
-                                "--replay-mode range --metrics dram__bytes_read.sum,dram__bytes_write.sum)"})
+                     "command": ("KDSE_PROBE_DRAIN=1 " if os.environ.get("KDSE_PROBE_DRAIN") else "")
+                     + "python3 bench/dram_probe.py --ncu (ncu --clock-control none "
+                       "--replay-mode range --metrics dram__bytes_read.sum,dram__bytes_write.sum)"})
     import pandas as pd
     pd.DataFrame(rows).to_csv(out / "dram_probe_ncu.csv", index=False)
     print(f"ncu: {len(rows)} probes in {time.time() - t0:.0f} s")

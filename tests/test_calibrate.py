@@ -79,6 +79,28 @@ def test_standalone_gemm_fit_recovers_the_constants_it_was_made_from():
     assert fit["ramp_s"] == pytest.approx(4e-6, rel=0.1)
 
 
+def test_standalone_gemm_fit_recovers_the_read_overlap_exponent():
+    from kitsune_dse.calibrate.fit import fit_standalone_gemm, standalone_gemm_time
+    base = load_spec("h100-sxm").model_copy(update={"gemm_tile_shapes": [(128, 128), (64, 128)],
+                                                    "gemm_heuristic": "harness", "gemm_k_tile": 64})
+    truth = base.model_copy(update={
+        "gemm_standalone_tile_fixed_s": 1.2e-6, "gemm_ramp_s": 3e-6,
+        "efficiency": base.efficiency.model_copy(update={"tensor_core": 0.33, "gemm_hbm": 0.8,
+                                                         "gemm_read_overlap_exponent": 2.5})})
+    # compute-bound, stream-bound, and shapes where the two near each other (one column tile)
+    shapes = [(4096, 4096, 4096), (8192, 8192, 8192), (2048, 6144, 12288), (64, 49152, 12288),
+              (262144, 256, 256), (16384, 3072, 768), (65536, 128, 1024), (32768, 128, 2048),
+              (131072, 128, 512), (65536, 1024, 128), (131072, 128, 280)]
+    rows = [{"m": m, "n": n, "k": k, "time_s": standalone_gemm_time(truth, m, n, k)} for m, n, k in shapes]
+    fit = fit_standalone_gemm(base, rows, read_overlap=True)
+    assert fit["rms_rel_error"] < 2e-3
+    assert fit["read_overlap_exponent"] == pytest.approx(2.5, rel=0.05)
+    assert fit["tensor_core"] == pytest.approx(0.33, rel=0.02)
+    assert fit["gemm_hbm"] == pytest.approx(0.8, rel=0.02)
+    # without it the exponent stays the spec's (the cuBLAS spec: 0, the plain max)
+    assert fit_standalone_gemm(base, rows)["read_overlap_exponent"] == 0.0
+
+
 def test_the_committed_harness_spec_carries_the_standalone_gemm_fit():
     sp = load_spec("h100-sxm.calibrated")
     fit = sp.calibration.standalone_gemm_fit
@@ -86,6 +108,8 @@ def test_the_committed_harness_spec_carries_the_standalone_gemm_fit():
     assert sp.gemm_tile_shapes == [(128, 128), (64, 128)]
     assert sp.gemm_ramp_s == pytest.approx(fit["ramp_s"])
     assert sp.efficiency.gemm_hbm == pytest.approx(fit["gemm_hbm"])
+    assert sp.efficiency.gemm_read_overlap_exponent == pytest.approx(fit["read_overlap_exponent"])
+    assert sp.gemm_k_tile == 64 and sp.efficiency.gemm_read_overlap_exponent > 1
 
 
 def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():

@@ -214,3 +214,25 @@ def test_pipeline_dirty_residue_by_hand():
     capped = replace_eff(sp, l2_dirty_fraction=0.01)
     assert pipeline(Region.of(chain_graph(1024, 1024, ("relu", "relu"))), capped, choice) \
         .dram_deferred_write_bytes == pytest.approx(0.5 * MiB)
+
+
+def test_the_drained_ncu_ranges_stay_out_of_the_pipeline_fit(tmp_path):
+    """bench/dram_probe.py --ncu with KDSE_PROBE_DRAIN measures each probe twice: the plain range
+    (what the fit compares) and `plan+drain` (a read sweep after it evicts what it left dirty);
+    the fit's medians take the plain ranges only."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+    import pandas as pd
+    from dram_probe import fit_probes
+    rows = [{"probe": "wbr-tiny-d2-row", "variant": "plan", "measured_dram_read_bytes": 70e6,
+             "measured_dram_write_bytes": 60e6},
+            {"probe": "wbr-tiny-d2-row", "variant": "plan+drain", "measured_dram_read_bytes": 280e6,
+             "measured_dram_write_bytes": 75e6},
+            {"probe": "ctl-drain", "variant": "drain", "measured_dram_read_bytes": 210e6,
+             "measured_dram_write_bytes": 2e6}]
+    p = tmp_path / "dram_probe_ncu_x.csv"
+    pd.DataFrame(rows).to_csv(p, index=False)
+    (got,) = fit_probes([p])
+    assert got["name"] == "wbr-tiny-d2-row"
+    assert got["read_bytes"] == 70e6 and got["write_bytes"] == 60e6

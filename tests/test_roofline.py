@@ -384,3 +384,48 @@ def test_a_kernel_of_half_the_stream_share_streams_on_half_the_ceiling():
     # a GEMM, or a step of a persistent kernel, keeps its own ceiling
     assert kernel_time(replace(w, persistent=True), H100, 132) == \
         pytest.approx(kernel_time(replace(w, persistent=True, stream_share=1.0), H100, 132))
+
+
+def test_a_standalone_gemm_combines_math_and_read_stream_by_their_p_norm_by_hand():
+    """efficiency.gemm_read_overlap_exponent p: a standalone GEMM takes (compute^p + reads^p)^(1/p),
+    at least its whole DRAM stream; stores do not enter the norm (they do not stall the loop)."""
+    p = 2.0
+    base = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(
+        update={"gemm_read_overlap_exponent": p})})
+    # 264 tiles: 2 per SM; 1 GB read, nothing written
+    reader = KernelWork("r", "fp16", tensor_flops=264 * 2 * 128 * 128 * 1024, dram_read_bytes=1e9,
+                        tiles=264, tile_shape=(128, 128))
+    lat, parts = kernel_time(reader, base, 132, parts=True)
+    bw = base.hbm_bandwidth_from(132, base.efficiency.gemm_hbm or base.efficiency.hbm)
+    assert parts["read_s"] == pytest.approx(1e9 / bw, rel=1e-12)
+    compute = parts["compute_s"]
+    assert lat == pytest.approx(math.hypot(compute, 1e9 / bw) + parts["ramp_s"], rel=1e-9)
+    assert lat > kernel_time(reader, H100, 132)         # the old max hides the smaller whole
+    # the same bytes written: the norm sees no reads, the stream is the floor
+    writer = replace(reader, dram_read_bytes=0.0, dram_write_bytes=1e9)
+    lat_w, parts_w = kernel_time(writer, base, 132, parts=True)
+    assert lat_w == pytest.approx(max(parts_w["compute_s"], parts_w["dram_s"]) + parts_w["ramp_s"], rel=1e-9)
+    # array and scalar paths agree
+    assert kernel_time(reader, base, np.array([132.0, 66.0]))[0] == pytest.approx(lat, rel=1e-12)
+    assert kernel_time(reader, base, np.array([132.0, 66.0]))[1] == pytest.approx(
+        kernel_time(reader, base, 66), rel=1e-12)
+    # persistent steps keep their own overlap rule
+    step = replace(reader, persistent=True, ctas_per_sm=2)
+    assert kernel_time(step, base, 132) == pytest.approx(kernel_time(step, H100, 132), rel=1e-12)
+
+
+def test_a_gemm_main_loop_pays_whole_k_slabs_by_hand():
+    """spec.gemm_k_tile: K = 280 runs five slabs of 64 (the math of K = 320); K = 256 four."""
+    slab = H100.model_copy(update={"gemm_k_tile": 64})
+    def gemm(k):
+        return KernelWork("g", "fp16", tensor_flops=2 * 4096 * 128 * k, tiles=32, tile_shape=(128, 128),
+                          gemm_n=128, gemm_k=k)
+    for k, padded in ((280, 320), (256, 256), (65, 128)):
+        c = kernel_time(gemm(k), slab, 132, parts=True)[1]["compute_s"]
+        c0 = kernel_time(gemm(k), H100, 132, parts=True)[1]["compute_s"]
+        assert c == pytest.approx(c0 * padded / k, rel=1e-12)
+    # split along K: each range in whole slabs (ceil(280 / 2) = 140 -> 192)
+    split = replace(gemm(280), split_k=2)
+    c = kernel_time(split, slab, 132, parts=True)[1]["compute_s"]
+    c0 = kernel_time(split, H100, 132, parts=True)[1]["compute_s"]
+    assert c == pytest.approx(c0 * 192 / 140, rel=1e-12)

@@ -175,6 +175,39 @@ def test_tilesync_removes_the_last_wave_tail_by_hand():
     assert e.latency_s < fusion(r, H0).latency_s - (t0 - fluid) / 2
 
 
+def test_tilesync_last_kernel_loses_its_tail_by_its_producers_stagger_by_hand():
+    # two compute-bound GEMMs of many waves (tiles not a multiple of 132): the consumer's CTAs
+    # start as the producer's last tiles end, spread over one producer tile time, so of its own
+    # wave tail (its time over its fluid time) it loses that share of one of its tile times
+    from kitsune_dse.cost.roofline import busiest_sm_tiles
+    from kitsune_dse.cost.strategies import _fluid_time
+    # one tile per kernel (the harness's rule), so the kernels' own times are the ones tiled
+    H0 = spec(tile_signal_s=0.0, tile_wait_s=0.0, gemm_heuristic="harness",
+              gemm_tile_shapes=[(128, 128), (64, 128)])
+    r = Region.of(_gg(4096, 4096 + 256, 4096 + 384, 4096))
+    w0, w1 = kernel_works(r, [("g1",), ("g2",)], H0)
+    t0, t1 = kernel_time(w0, H0, 132), kernel_time(w1, H0, 132)
+    f0, f1 = _fluid_time(w0, H0, 132), _fluid_time(w1, H0, 132)
+    tau0, tau1 = t0 / float(busiest_sm_tiles(w0, 132)), t1 / float(busiest_sm_tiles(w1, 132))
+    share = min(1.0, tau0 / tau1)
+    assert 0 < share and f1 < t1
+    gap, sem = 0.8e-6, 0.56e-6
+    expect = gap + min(f0 + sem, t0 + gap) + (t1 - share * (t1 - f1))
+    assert tilesync(r, H0).latency_s == pytest.approx(expect, rel=1e-9)
+    # a producer of short tiles (a row op) staggers the GEMM after it by far less than a tile
+    t = [Tensor("x", (8192, 4096), "fp16"), Tensor("w", (4096, 4096 + 256), "fp16")]
+    rs = Region.of(build("sg", t, [("sm", "softmax", ("x",), ("p",)), ("mm", "matmul", ("p", "w"), ("y",))],
+                         ["x"], ["w"]))
+    ws = kernel_works(rs, fusion_groups(rs), H0)
+    assert len(ws) == 2 and not ws[0].tile_shape
+    ta, tb = kernel_time(ws[0], H0, 132), kernel_time(ws[1], H0, 132)
+    sh = min(1.0, (ta / float(busiest_sm_tiles(ws[0], 132))) / (tb / float(busiest_sm_tiles(ws[1], 132))))
+    assert sh < 0.25
+    fb = _fluid_time(ws[1], H0, 132)
+    assert tilesync(rs, H0).breakdown["kernels"][1]["latency_s"] == pytest.approx(tb)
+    assert fusion(rs, H0).latency_s - tilesync(rs, H0).latency_s < (tb - fb) * 0.25 + gap + 1e-9
+
+
 @pytest.mark.parametrize("graph", [full_dep_graph(2048, 2048, 2048),
                                    gather_graph(50000, 1024, 4096),
                                    full_dep_graph(128, 64, 4096)],

@@ -474,37 +474,46 @@ def standalone_gemm_time(spec: HwSpec, m: int, n: int, k: int, dtype: str = "fp1
                           dram_read_bytes=float(reads),
                           dram_write_bytes=float(m * n * nbytes),
                           l2_bytes=split_k_partials_bytes(1, m, n, ks),
-                          tiles=gemm_tiles(1, m, n, tile) * ks, tile_shape=tile, split_k=ks)
+                          tiles=gemm_tiles(1, m, n, tile) * ks, tile_shape=tile, split_k=ks,
+                          gemm_n=n, gemm_k=k)
     return best_gemm_tile(make, spec, spec.sm_count, k, m, n)[1] + spec.kernel_fixed_s + spec.launch_latency_cost_s
 
 
-def fit_standalone_gemm(spec: HwSpec, rows: list[dict]) -> dict:
+def fit_standalone_gemm(spec: HwSpec, rows: list[dict], read_overlap: bool = False) -> dict:
     """Fit the standalone GEMM tile's constants to microbenchmarks of single GEMM kernels
     (rows: m, n, k, time_s) through the model itself (standalone_gemm_time), by least squares on
     the relative error: the tensor-core efficiency (its FLOP rate), a fixed cost per 128x128
-    output tile, a ramp per kernel, and the HBM ceiling of its operand stream (skinny GEMMs are
-    bound by it). Returns the constants, the fit's residuals and the spec that carries them."""
+    output tile, a ramp per kernel, the HBM ceiling of its operand stream (skinny GEMMs are
+    bound by it) and, with `read_overlap`, the p-norm exponent its math and read stream
+    combine by (efficiency.gemm_read_overlap_exponent; without, the spec's own stays). Returns
+    the constants, the fit's residuals and the spec that carries them."""
     from scipy.optimize import least_squares
     peak = spec.tensor_peak_flop_per_s["fp16"]
     meas = np.array([r["time_s"] for r in rows], float)
+    p0 = spec.efficiency.gemm_read_overlap_exponent
 
     def with_params(x):
-        eff, tile_us, ramp_us, hbm = (float(v) for v in x)
+        eff, tile_us, ramp_us, hbm = (float(v) for v in x[:4])
+        p = float(x[4]) if read_overlap else p0
         return spec.model_copy(update={
             "gemm_standalone_tile_fixed_s": tile_us * 1e-6, "gemm_ramp_s": ramp_us * 1e-6,
-            "efficiency": spec.efficiency.model_copy(update={"tensor_core": eff, "gemm_hbm": hbm})})
+            "efficiency": spec.efficiency.model_copy(update={"tensor_core": eff, "gemm_hbm": hbm,
+                                                             "gemm_read_overlap_exponent": p})})
 
     def resid(x):
         sp = with_params(x)
         return np.array([standalone_gemm_time(sp, r["m"], r["n"], r["k"]) for r in rows]) / meas - 1
     x0 = [spec.efficiency.tensor_core, 1.0, 1.0, spec.efficiency.hbm]
-    fit = least_squares(resid, x0, bounds=([0.05, 0.0, 0.0, 0.2], [1.0, 50.0, 100.0, 1.0]),
-                        diff_step=1e-3)
+    lo, hi = [0.05, 0.0, 0.0, 0.2], [1.0, 50.0, 100.0, 1.0]
+    if read_overlap:    # (from 1.2: a p near 1 adds the two whole; 40 is the max in effect)
+        x0, lo, hi = x0 + [p0 or 3.0], lo + [1.2], hi + [40.0]
+    fit = least_squares(resid, x0, bounds=(lo, hi), diff_step=1e-3)
     rel = resid(fit.x)
-    eff, tile_us, ramp_us, hbm = (float(v) for v in fit.x)
+    eff, tile_us, ramp_us, hbm = (float(v) for v in fit.x[:4])
     return {"tensor_core": eff, "tensor_flop_per_s": eff * peak,
             "tile_fixed_s": tile_us * 1e-6, "ramp_s": ramp_us * 1e-6, "gemm_hbm": hbm,
             "gemm_hbm_Bps": hbm * spec.hbm_bandwidth_Bps,
+            "read_overlap_exponent": float(fit.x[4]) if read_overlap else p0,
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
             "rel_error_by_shape": {f"{r['m']}x{r['n']}x{r['k']}": round(float(e), 3)

@@ -243,7 +243,8 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
         tiles = max(1, math.ceil(gemm_tiles(gd.batch, gd.m, gd.n, tile) / per)) * k * dual
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
-                          gemm_n=gd.n, epilogue_inputs=epilogue_inputs, epilogue_vectors=epilogue_vectors,
+                          gemm_n=gd.n, gemm_k=gd.k, epilogue_inputs=epilogue_inputs,
+                          epilogue_vectors=epilogue_vectors,
                           **rr)
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,

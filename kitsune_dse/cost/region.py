@@ -295,7 +295,8 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                               dram_read_bytes=dram_read + again, dram_write_bytes=dram_write,
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
-                              split_k=ks, grid_reread_bytes=again, cold_operands=cold, gemm_n=gd.n)
+                              split_k=ks, grid_reread_bytes=again, cold_operands=cold, gemm_n=gd.n,
+                              gemm_k=gd.k)
         return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))

@@ -77,6 +77,11 @@ class Efficiency(_Strict):
     persistent_tensor_core: Frac | None = None  # persistent GEMM steps' own rate (None: tensor_core)
     mem_compute_overlap: Annotated[float, Field(ge=0, le=1)] = 1.0  # persistent steps: share of the
                                   # shorter of compute and memory hidden under the longer (1: ideal)
+    gemm_read_overlap_exponent: Annotated[float, Field(ge=0, le=64, allow_inf_nan=False)] = 0.0
+                                  # standalone GEMM kernels: their math and the stream of their
+                                  # DRAM reads combine as the p-norm of the two times, this p (the
+                                  # main loop waits for loads its prefetch does not cover as the
+                                  # two near each other); 0: the larger of the two (ideal overlap)
     gemm_hbm: Frac | None = None  # standalone GEMM kernels' operand streaming over datasheet HBM
                                   # bandwidth (None: hbm; the tile's loads may not saturate DRAM)
     persistent_gemm_hbm: Frac | None = None  # the same for persistent GEMM steps (None: hbm)
@@ -142,9 +147,9 @@ class Efficiency(_Strict):
 
 
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
-                   "sm_granularity", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
+                   "sm_granularity", "gemm_k_tile", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
+                   "gemm_read_overlap_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_inner_writeback_center", "l2_inner_writeback_width",
                    "l2_local_frame_share", "l2_resident_reread",
@@ -292,6 +297,11 @@ class HwSpec(_Strict):
     gemm_ramp_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # standalone GEMM kernels: the first tile's prologue
                                                 # and the last one's epilogue (calibrated)
+    gemm_k_tile: Annotated[int, Field(ge=0, le=4096)] = 0
+                                                # a GEMM tile's main loop steps through K in
+                                                # slabs of this many (the harness's 64): a K that
+                                                # is not a multiple costs the whole last slab of
+                                                # math (0: K as it is)
     gemm_tile_shapes: list[tuple[Annotated[int, Field(gt=0)], Annotated[int, Field(gt=0)]]] | None = None
                                                 # CTA tiles (rows, cols) the GEMM library offers
                                                 # (None: cost.roofline.GEMM_TILES)

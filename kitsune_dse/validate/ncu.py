@@ -83,11 +83,22 @@ def ncu_dram_bytes(plan: dict, retarget: bool = False, variants=None, timeout_s:
             for n, r in zip(names, res)}
 
 
-def profile_region(reg, region: dict, info, variants: list[str], stream, flush, on_range) -> None:
+class _Drained:
+    """A variant measured with the drain after it: its range's name is the variant's + "+drain"."""
+
+    def __init__(self, v):
+        self.name = f"{v.name}+drain"
+
+
+def profile_region(reg, region: dict, info, variants: list[str], stream, flush, on_range,
+                   drain=None) -> None:
     """Inside an ncu child: each variant of one region run once to check it, then once more in
     its own profiler range on a flushed L2; on_range(variant) after each range. Tilesync and
     concurrent kernels run in plain stream order (range replay takes no programmatic launches
-    and no stream capture: the same kernels and tiles, so the DRAM bytes are theirs)."""
+    and no stream capture: the same kernels and tiles, so the DRAM bytes are theirs).
+    `drain(stream)`: also a second range that runs it right after the variant, a read-only sweep
+    that evicts every dirty line the variant left in L2 (its writes less the first range's are
+    what the variant left dirty)."""
     import cupy as cp
 
     from kitsune_dse.validate.harness import _fill_inputs
@@ -116,6 +127,16 @@ def profile_region(reg, region: dict, info, variants: list[str], stream, flush, 
         stream.synchronize()
         cp.cuda.runtime.profilerStop()
         on_range(v)
+        if drain is not None:
+            v.pre(False)
+            flush(stream)
+            stream.synchronize()
+            cp.cuda.runtime.profilerStart()
+            v.run(stream)
+            drain(stream)
+            stream.synchronize()
+            cp.cuda.runtime.profilerStop()
+            on_range(_Drained(v))
     tensors.arrays.clear()
     cp.get_default_memory_pool().free_all_blocks()
 
