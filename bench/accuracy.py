@@ -47,7 +47,8 @@ SECTION = ROOT / "results/accuracy/README_SECTION.md"
 BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas", "cublas-graph"]
 HARNESS_BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph"]
 FIELDS = ["kind", "workload", "alternative", "variant", "item", "implemented", "predicted", "measured",
-          "error_pct", "n", "mape_pct", "worst_pct", "spearman", "spearman_all", "spearman_runs", "regret",
+          "error_pct", "n", "mape_pct", "worst_pct", "spearman", "spearman_all", "spearman_runs",
+          "spearman_halves", "regret",
           "regret_alt", "pick", "best", "unit", "notes"]
 
 
@@ -125,30 +126,52 @@ def plan_e2e(rows_of_plan: list[dict], regions: int):
     return _f(r.get("measured_latency_s")) if r else None
 
 
-def spearman_between_runs(suite: Path, workload: dict) -> float | None:
-    """The mean over pairs of the suite's runs (validation.csv and its repeats, each alone) of
-    the Spearman of one run's measured plan times against another's: how well the measurements
-    rank the plans the same twice, the ceiling of the model's Spearman over the same plans."""
-    import itertools
-    paths = [suite / "validation.csv"] + repeat_runs(suite)
-    if len(paths) < 2:
-        return None
+def _run_times(suite: Path, workload: dict) -> list[list[float | None]]:
+    """Per run of the suite (validation.csv, then its repeats in order), each plan's measured
+    end-to-end time (None where it failed or did not run)."""
     name = workload["name"]
     plans = [p for p in workload["plans"] if not p.get("rejected")]
     times = []
-    for path in paths:
+    for path in [suite / "validation.csv"] + repeat_runs(suite):
         by: dict[str, list[dict]] = {}
         for r in csv.DictReader(open(path)):
             if r.get("correct") == "True":
                 by.setdefault(r["plan"], []).append(r)
         times.append([plan_e2e(by.get(f"{name}/{Path(p['file']).stem}", []), len(p["regions"])) for p in plans])
-    rs = []
-    for a, b in itertools.combinations(times, 2):
-        keep = [(x, y) for x, y in zip(a, b) if x and y]
-        v = spearman([x for x, _ in keep], [y for _, y in keep])
-        if v is not None:
-            rs.append(v)
+    return times
+
+
+def _spearman_kept(a, b) -> float | None:
+    keep = [(x, y) for x, y in zip(a, b) if x and y]
+    return spearman([x for x, _ in keep], [y for _, y in keep])
+
+
+def spearman_between_runs(suite: Path, workload: dict) -> float | None:
+    """The mean over pairs of the suite's runs (validation.csv and its repeats, each alone) of
+    the Spearman of one run's measured plan times against another's: how well one run ranks the
+    plans as another does (a floor of the ranking the medians give: see spearman_halves)."""
+    import itertools
+    times = _run_times(suite, workload)
+    rs = [v for a, b in itertools.combinations(times, 2) if (v := _spearman_kept(a, b)) is not None]
     return sum(rs) / len(rs) if rs else None
+
+
+def spearman_halves(suite: Path, workload: dict) -> float | None:
+    """The Spearman of the median plan times of the first half of the runs against the second
+    half's (validation.csv and its repeats in order: two calls of four runs, call against call):
+    how reproducible the order the model is compared against is. None under four runs."""
+    times = _run_times(suite, workload)
+    if len(times) < 4:
+        return None
+    h = len(times) // 2
+
+    def med(runs):
+        out = []
+        for col in zip(*runs):
+            vals = [x for x in col if x]
+            out.append(statistics.median(vals) if vals else None)
+        return out
+    return _spearman_kept(med(times[:h]), med(times[h:2 * h]))
 
 
 def load(suite: Path):
@@ -279,7 +302,8 @@ def build(suite: Path) -> list[dict]:
                         "implemented": True, "predicted": pr + pw, "measured": rb + wb,
                         "error_pct": err(pr + pw, rb + wb), "unit": "B",
                         "notes": f"read pred {pr / 1e6:.1f} MB meas {rb / 1e6:.1f} MB; write pred {pw / 1e6:.1f} MB meas {wb / 1e6:.1f} MB"})
-        out.append({**workload_summary(name, e2e), "spearman_runs": spearman_between_runs(suite, w)})
+        out.append({**workload_summary(name, e2e), "spearman_runs": spearman_between_runs(suite, w),
+                    "spearman_halves": spearman_halves(suite, w)})
     out += overall(out)
     return out
 
@@ -353,12 +377,14 @@ def overall(rows: list[dict]) -> list[dict]:
     sp = [r["spearman"] for r in ws if r["spearman"] is not None]
     spa = [r["spearman_all"] for r in ws if r["spearman_all"] is not None]
     spr = [r["spearman_runs"] for r in ws if r.get("spearman_runs") is not None]
+    sph = [r["spearman_halves"] for r in ws if r.get("spearman_halves") is not None]
     rg = [r["regret"] for r in ws if r["regret"] is not None]
     rga = [r["regret_alt"] for r in ws if r["regret_alt"] is not None]
     out.append({"kind": "overall", "workload": "all", "alternative": "rank", "variant": "workload",
                 "item": "mean over workloads", "n": len(ws),
                 "spearman": sum(sp) / len(sp) if sp else None, "spearman_all": sum(spa) / len(spa) if spa else None,
                 "spearman_runs": sum(spr) / len(spr) if spr else None,
+                "spearman_halves": sum(sph) / len(sph) if sph else None,
                 "regret": sum(rg) / len(rg) if rg else None, "regret_alt": sum(rga) / len(rga) if rga else None,
                 "worst_pct": max(rg) if rg else None, "unit": "",
                 "notes": "worst_pct here is the largest regret"})
@@ -408,7 +434,7 @@ def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
         if r["kind"] == "e2e":
             e2e[(r["workload"], r["alternative"])] = r
     wl = ["| workload | pick (explorer-1) | predicted µs | measured µs | bsp-graph µs | fusion µs | cublas graph / eager µs "
-          "| MAPE | worst | Spearman plans / all | Spearman run vs run | regret |",
+          "| MAPE | worst | Spearman plans / all | Spearman run vs run / half vs half | regret |",
           "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for r in rows:
         if r["kind"] != "workload":
@@ -424,7 +450,8 @@ def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
                   f"| {us(e2e.get((name, 'cublas-graph'), {}).get('measured'))} / "
                   f"{us(e2e.get((name, 'cublas'), {}).get('measured'))} "
                   f"| {apct(r['mape_pct'])} | {pct(r['worst_pct'])} | {num(r['spearman'])} / {num(r['spearman_all'])} "
-                  f"| {num(r.get('spearman_runs'))} | {apct(r['regret'] * 100 if r['regret'] is not None else None)} |")
+                  f"| {num(r.get('spearman_runs'))} / {num(r.get('spearman_halves'))} "
+                  f"| {apct(r['regret'] * 100 if r['regret'] is not None else None)} |")
     ov = ["| what | n | MAPE | worst |", "|---|---:|---:|---:|"]
     rank = None
     for r in rows:
@@ -440,6 +467,9 @@ def readme_lines(rows: list[dict]) -> tuple[list[str], list[str]]:
         if rank.get("spearman_runs") is not None:
             ov.append(f"| mean Spearman of one run's plan times against another's | {rank['n']} "
                       f"| {num(rank['spearman_runs'])} | - |")
+        if rank.get("spearman_halves") is not None:
+            ov.append(f"| mean Spearman of the first half of the runs' medians against the second half's | "
+                      f"{rank['n']} | {num(rank['spearman_halves'])} | - |")
         ov.append(f"| mean regret of the pick (vs plans + baselines / vs plans) | {rank['n']} "
                   f"| {apct(rank['regret'] * 100)} / {apct(rank['regret_alt'] * 100)} | {apct(rank['worst_pct'] * 100)} |")
     return wl, ov
@@ -451,7 +481,7 @@ def read_csv_rows(path: Path) -> list[dict]:
     for r in csv.DictReader(open(path)):
         d = dict(r)
         for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "spearman_all",
-                  "spearman_runs", "regret", "regret_alt"):
+                  "spearman_runs", "spearman_halves", "regret", "regret_alt"):
             d[k] = _f(d.get(k))
         d["n"] = int(d["n"]) if d.get("n") else None
         d["implemented"] = d.get("implemented") == "True"
@@ -477,8 +507,9 @@ def section(rows: list[dict], suite: Path) -> str:
         "measured) / measured; MAPE and worst over each workload's alternatives (explorer plans, hand "
         "plans, baselines); Spearman of predicted against measured latency over the plans (explorer + "
         "hand) / over the plans and the harness baselines; Spearman run vs run: of one run's measured plan "
-        "times against another run's, the mean over pairs of runs (how far the measurements themselves "
-        "rank the plans alike); regret = measured time of the "
+        "times against another run's, the mean over pairs of runs; half vs half: of the medians of the "
+        "first half of the runs against the second half's (two calls on two machines: how reproducible "
+        "the order the model is ranked against is); regret = measured time of the "
         "explorer's pick over the best measured alternative − 1. Tilesync and concurrent regions run "
         "as planned: programmatic dependent launches with per-tile flag hand-offs "
         "(`kitsune_dse/validate/tilesync.py`). Regenerate with "
@@ -508,13 +539,14 @@ def main():
     c = Console(width=200)
     t = Table(title="prediction accuracy per workload (e2e over alternatives)")
     for col in ("workload", "n", "pick pred µs", "pick meas µs", "best alternative", "MAPE", "worst", "Spearman plans",
-                "Spearman +baselines", "Spearman runs", "regret", "regret vs plans"):
+                "Spearman +baselines", "Spearman runs", "Spearman halves", "regret", "regret vs plans"):
         t.add_column(col, justify="left" if col in ("workload", "best alternative") else "right")
     for r in rows:
         if r["kind"] == "workload":
             t.add_row(r["workload"], str(r["n"]), us(r["predicted"]), us(r["measured"]), r["best"] or "-",
                       apct(r["mape_pct"]), pct(r["worst_pct"]), num(r["spearman"]), num(r["spearman_all"]),
-                      num(r.get("spearman_runs")), apct(r["regret"] * 100 if r["regret"] is not None else None),
+                      num(r.get("spearman_runs")), num(r.get("spearman_halves")),
+                      apct(r["regret"] * 100 if r["regret"] is not None else None),
                       apct(r["regret_alt"] * 100 if r["regret_alt"] is not None else None))
     c.print(t)
     t = Table(title="pooled")

@@ -41,7 +41,7 @@ def test_accuracy_csv_is_up_to_date_with_the_suite():
     for r in stored:
         f = fresh[(r["kind"], r["workload"], r["alternative"], r["item"])]
         for k in ("predicted", "measured", "error_pct", "mape_pct", "worst_pct", "spearman", "spearman_runs",
-                  "regret"):
+                  "spearman_halves", "regret"):
             a, b = r.get(k), f.get(k)
             if a is None or b is None:
                 assert a is None and (b is None or (isinstance(b, float) and not math.isfinite(b))), (r, k)
@@ -106,6 +106,14 @@ def test_spearman_between_runs(tmp_path):
     workload = {"name": "w", "plans": [{"file": "x/p1.json", "regions": [0]}, {"file": "x/p2.json", "regions": [0]},
                                        {"file": "x/p3.json", "regions": [0, 1]}, {"file": "x/p4.json", "regions": [0]}]}
     assert acc.spearman_between_runs(tmp_path, workload) == pytest.approx((1.0 + 0.5 + 0.5) / 3)
+    assert acc.spearman_halves(tmp_path, workload) is None           # three runs: no two halves
+    # a fourth run in B's order: halves (A, B) and (C, D), their medians per plan p1..p3:
+    # (1.25, 2.25, 3.25) against (1.25, 2.5, 2.5): p2 and p3 tie in the second half
+    run(tmp_path / "validation_repeat_3.csv", 1.5, 2.0, 3.0)
+    from scipy.stats import spearmanr
+    assert acc.spearman_halves(tmp_path, workload) == pytest.approx(
+        spearmanr([1.25, 2.25, 3.25], [1.25, 2.5, 2.5])[0])
+    (tmp_path / "validation_repeat_3.csv").unlink()
     (tmp_path / "validation_repeat_1.csv").unlink()
     (tmp_path / "validation_repeat_2.csv").unlink()
     assert acc.spearman_between_runs(tmp_path, workload) is None      # one run: nothing to compare
