@@ -305,8 +305,9 @@ def tilesync(region: Region, spec: HwSpec, choice=None) -> Estimate:
     """Dependent kernels overlap at tile granularity (cuSync): a consumer's tiles start as soon
     as the producer tiles they need are done, on the SMs the producer's last wave leaves idle,
     so the producer's wave-quantization tail disappears: it costs its fluid time (its tiles
-    spread evenly over all SMs) instead of whole waves, and so does the last kernel's when it
-    is fed that way (its tiles start staggered). Each consumer wave waits on one
+    spread evenly over all SMs) instead of whole waves; the last kernel, fed that way, starts
+    staggered over one producer tile time and loses that share of one of its own tile times of
+    its tail. Each consumer wave waits on one
     semaphore hand-off; kernels are launched ahead of time (one launch gap). A barrier (a full
     or gather dependency) keeps the producer's quantized time. The first consumer wave waits
     on one hand-off (later waves find their tiles ready)."""
