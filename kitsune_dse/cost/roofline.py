@@ -164,13 +164,11 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     # tile loads its calibrated rate already includes, so they only bound it; the operand feed
     # caps the step (its loads overlap the math and the DRAM stream they carry)
     ramp = _ramp(work, spec)
-    if _read_overlap_exponent(work, spec) and work.dram_bytes:
-        reads = ((work.dram_read_bytes + weight_reread_bytes(work, s))
-                 / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec)))
-        core = combine_core(work, spec, compute, dram, reads)
-    else:       # (the search's hot path: no norm to take)
-        reads = np.zeros_like(s)
-        core = np.maximum(compute, dram) + (1.0 - _overlap(work, spec)) * np.minimum(compute, dram)
+    # the read stream only where a norm takes it (the search's hot path takes none)
+    reads = ((work.dram_read_bytes + weight_reread_bytes(work, s))
+             / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
+             if work.dram_bytes and _read_overlap_exponent(work, spec) else np.zeros_like(s))
+    core = combine_core(work, spec, compute, dram, reads)
     lat = np.maximum(np.maximum(core, l2), feed) + ramp + per_sm * _epilogue_s(work, spec)
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves, feed, reads = (float(x) for x in (lat, compute, dram, l2, waves,
@@ -324,7 +322,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         cap = _hbm_ceiling(work, spec) or e.hbm
         per_sm = _sm_stream(work, spec) or spec.hbm_per_sm_bandwidth_Bps
         bw = _smooth_min(used * per_sm, spec.hbm_bandwidth_Bps * cap, p)
-        again = float(weight_reread_bytes(work, s)) if work.weight_pass_bytes else 0.0
+        again = float(weight_reread_bytes(work, s))
         dram = (work.dram_bytes + again) / bw
         if norm:
             reads = (work.dram_read_bytes + again) / bw
@@ -337,6 +335,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
+    # combine_core without NumPy (this path's reason to be)
     if norm:
         core = max((compute ** norm + reads ** norm) ** (1.0 / norm), dram)
     else:
