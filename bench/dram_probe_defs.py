@@ -220,3 +220,17 @@ LLAMA_1K = ("llama2-7b-mlp", {"tokens": 1024})
 LLAMA_OPS = ["gate_proj", "up_proj", "silu", "gate_mul", "down_proj", "residual"]
 for _i in (1, 2, 4, 6):
     PROBES[f"seq-llm-{_i}"] = (LLAMA_1K, [_bsp(LLAMA_OPS[:_i])] + ([_bsp(LLAMA_OPS[_i:])] if _i < 6 else []))
+
+# eighteenth session: when a first stage runs free (cost.l2_residency.first_stage_free_row_blocks).
+# A producer faster than its consumer at three rate ratios (the gpt pair at 67 MB weights, 16
+# row-blocks), and ln-residual's two alike stages at 8192 tokens (64 row-blocks) with rings that
+# hold twice a round of the first stage's workers or not (depths 2 and 4 beside wsh-*'s 8), and
+# with the slower stage first (44 + 88)
+GPT_2K = ("gpt3-mlp", {"tokens": 2048, "hidden": 4096, "ffn": 8192})
+for _a, _b, _rows, _d, _m in ((99, 33, 128, 8, "split_k"), (88, 44, 256, 4, "row"), (110, 22, 128, 8, "row")):
+    PROBES[f"pace-gpt-p{_a}-{_b}-r{_rows}-d{_d}-{_m.replace('_', '')}"] = (
+        GPT_2K, [_pipe(PAIR, [_a, _b], _rows, [_d], [_m])])
+LNR_T8K = ("ln-residual-gemm", {"tokens": 8192, "hidden": 4096})
+for _d in (2, 4):
+    PROBES[f"pace-lnr-t8192-p66-66-d{_d}-row"] = (LNR_T8K, [_pipe(LNR_STAGES, [66, 66], 128, [_d], ["row"])])
+PROBES["pace-lnr-t8192-p44-88-r256-d4-row"] = (LNR_T8K, [_pipe(LNR_STAGES, [44, 88], 256, [4], ["row"])])

@@ -14,6 +14,7 @@ from dataclasses import replace
 
 from helpers_graphs import (H100, L2_USABLE, MiB, build, chain_graph, full_dep_graph,
                             gather_graph, hbm_curve, mlp_graph)
+from kitsune_dse.cost.l2_residency import first_stage_free_row_blocks
 from kitsune_dse.cost.compare import balance_sms
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, kernel_works
@@ -232,7 +233,8 @@ def test_weights_are_reread_per_row_block_when_they_do_not_fit_l2():
     # w1, w2 = 4096 x 16384 fp16 = 128 MiB each; 256-row tiles of 4096 rows: N = 16 units, run
     # as 32 row-blocks of 128. Stage 0 (128 tiles per row-block, 132 workers) holds 132 / 128
     # row-blocks at once, which share a weight fetch (1 + 0.8 x 4 / 128 of them) while it runs
-    # free: for 2 x its 2-unit ring = 8 row-blocks, then its consumer paces it one at a time.
+    # free: with GELU in its epilogue it is no faster than stage 1 on as many SMs, and its
+    # 2-unit ring holds 4 row-blocks, twice a round: never held back, free for all 32.
     # Stage 1 gets its row-blocks one at a time from the queue: every one reads w2. Of every
     # pass again, L2 holds exp(-256 MiB / 50 MiB)
     g = ffn_graph(4096, 4096, 16384)
@@ -243,7 +245,7 @@ def test_weights_are_reread_per_row_block_when_they_do_not_fit_l2():
     w = 4096 * 16384 * 2
     miss = 1 - math.exp(-2 * w / (50 * MiB))
     shared = 1 + 0.8 * (132 / 128 - 1)
-    reread = w * miss * (8 / shared + 24 - 1) + w * miss * (32 - 1)
+    reread = w * miss * (32 / shared - 1) + w * miss * (32 - 1)
     assert e.breakdown["weights_resident"] == [False, False]
     assert e.breakdown["queue_bytes"] == 2 * 4096 * 16384 * 2 / 16          # 16 MiB, no spill
     assert e.breakdown["weight_reread_bytes"] == pytest.approx(reread, rel=1e-12)
@@ -267,6 +269,23 @@ def test_weights_are_reread_per_row_block_when_they_do_not_fit_l2():
         (128 * MiB - 37.5 * MiB) / (128 * MiB) * 2 * 128 * MiB)
     assert one.dram_read_bytes == pytest.approx(
         cr + one.breakdown["queue_spill_bytes"] / 2 + one.breakdown["weight_reread_bytes"])
+    # stage 0 on 88 SMs outruns stage 1 on 44: it fills its ring, then stage 1 paces it, free
+    # for two rings' worth (8 row-blocks) with 176 / 128 row-blocks a round
+    fast = pipeline(r, H100, PipelineChoice((("fc1", "gelu"), ("fc2",)), (88, 44), 256, (2,)))
+    shared88 = 1 + 0.8 * (176 / 128 - 1)
+    assert fast.breakdown["weight_reread_bytes"] == pytest.approx(
+        w * miss * (8 / shared88 + 24 - 1) + w * miss * (32 - 1), rel=1e-12)
+
+
+def test_first_stage_free_row_blocks_by_hand():
+    # no faster than its consumers, a ring of two rounds: all row-blocks
+    assert first_stage_free_row_blocks(64, 8, 1.0, 2.06) == 64
+    assert first_stage_free_row_blocks(64, 8, 1.5, 4.0) == 64
+    # a round too large for half its ring, or a faster first stage: two rings' worth
+    assert first_stage_free_row_blocks(64, 8, 3.2, 8.1) == 16
+    assert first_stage_free_row_blocks(64, 2, 1.0, 2.06) == 4
+    assert first_stage_free_row_blocks(64, 8, 0.3, 1.0) == 16
+    assert first_stage_free_row_blocks(12, 8, 0.3, 1.0) == 12
 
 
 def test_a_stage_whose_weights_fit_keeps_them_and_the_other_rereads():

@@ -49,6 +49,24 @@ def free_row_blocks(stage: int, n_stages: int, rbs: int, out_ring_rbs: int) -> f
     return float(min(rbs, PACED_FREE_DEPTHS * max(1, out_ring_rbs)))
 
 
+def first_stage_free_row_blocks(rbs: int, out_ring_rbs: int, rate_ratio: float, at_once: float) -> float:
+    """free_row_blocks of a pipeline's first stage at its stages' rates (`rate_ratio`: the
+    slowest later stage's rate over the first stage's, each without weight re-reads; `at_once`:
+    the row-blocks one round of its workers holds). A first stage no faster than its consumers
+    whose output ring holds two of its rounds is never held back: it runs free over all its
+    row-blocks. ncu (bench/dram_probe.py, not the suite's sizes): ln-residual's two alike
+    stages at 8192 tokens, 64 row-blocks, 44 + 88 SMs: 2,830 MB where two rings' worth free
+    says 3,377 and all free 3,145; at 66 + 66 SMs, depth 8 (wsh-lnr4096-t8192): 71.2 weight
+    passes of 128, 71.1 all free, 87 two rings free. Any other first stage: two rings' worth
+    (held-fc2-d8, a round of 8 row-blocks against 8 slots, is broken up by slots freed one at a
+    time). Tried and not kept: a faster first stage free for its ring plus what its consumers
+    drain meanwhile, ring x (1 + ratio): pace-gpt-* at ratios 0.2-0.5 measured 1-16% under it
+    and within 2% of two rings' worth."""
+    if rate_ratio >= 1.0 - 1e-6 and 2.0 * at_once <= out_ring_rbs:
+        return float(rbs)
+    return free_row_blocks(0, 2, rbs, out_ring_rbs)
+
+
 def streamed_weight_hit(streamed_weight_bytes: float, spec: HwSpec) -> float:
     """Share of a weight pass beyond the first that L2 still holds when the stages stream
     `streamed_weight_bytes` of weights that do not fit it between two passes: exp(-D / L2), a

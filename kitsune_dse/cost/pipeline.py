@@ -22,7 +22,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.l2_residency import (free_row_blocks, local_frame_bytes, ring_cycle_stream_bytes,
+from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row_blocks, local_frame_bytes, ring_cycle_stream_bytes,
                                           streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
@@ -333,11 +333,13 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     """Per stage, the KernelWork of each of its fused groups for one hand-off unit (a
     row-block, or one slab of it): a stage runs its groups one after another on every unit.
     Also the region's DRAM totals (read, write, weight re-reads, queue spill).
-    Only the weight re-reads depend on the SMs (`sms`, default the plan's): the rest is
-    memoised per plan without them (the search re-times one plan at many SM splits)."""
+    Only the weight re-reads depend on the SMs (`sms`, default the plan's; with them how long
+    the first stage runs free, _paced_by_rates): the rest is memoised per plan without them
+    (the search re-times one plan at many SM splits)."""
     sms = plan.choice.sms if sms is None else sms
     core = _stage_works_core(region, spec, plan)
     units = plan.row_blocks * plan.slabs
+    core_works, free0 = _paced_by_rates(core, plan, spec, sms)
     # the read total is summed in the order the groups were costed, re-reads at their place
     tot_r = reread = 0.0
     for x in core.read_terms:
@@ -345,6 +347,8 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
             tot_r += x
         else:
             j, work = x
+            if j == 0 and free0 is not None:
+                work = work.but(free_rbs=free0)
             extra = float(weight_reread_bytes(work, sms[j])) * units / work.inflight
             reread += extra
             tot_r += extra
@@ -356,7 +360,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     # (the ring slots' own dirty lines left out of the cap: as good a fit, the probes cannot
     # tell them apart)
     deferred = dirty_residue([reads + core.written_bytes + partial], [writes], spec)[0]
-    return [list(w) for w in core.works], {
+    return [list(w) for w in core_works], {
         "dram_read_bytes": reads, "dram_write_bytes": writes, "dram_deferred_write_bytes": deferred,
         "weight_reread_bytes": reread, "resident_weight_reread_bytes": evicted,
         "queue_bytes": core.queue_bytes,
@@ -921,6 +925,25 @@ def _stage_time(works_j, shape, sk, spec: HwSpec, sms):
     """Per-unit time of one stage (scalar or per SM count): a split_k consumer's by the
     runtime's K ranges, any other's by stage_sim."""
     return splitk_unit_time(works_j, sk, spec, sms) if sk else stage_unit_time(works_j, spec, sms, shape)
+
+
+def _paced_by_rates(core: _StageWorks, plan: StagePlan, spec: HwSpec, sms):
+    """(works, free row-blocks of the first stage or None): the first stage's row-blocks run in
+    lock-step (cost.l2_residency.first_stage_free_row_blocks) from its rate against the slowest
+    stage after it at these SM counts, each stage timed without its weight re-reads (what it
+    can do, not what the pacing makes of it)."""
+    J = len(core.works)
+    if J < 2 or not any(w.weight_pass_bytes for w in core.works[0]):
+        return core.works, None
+    bare = [[w.but(weight_pass_bytes=0.0) if w.weight_pass_bytes else w for w in ws] for ws in core.works]
+    t = _unit_times(bare, {"stage_shapes": core.shapes, "stage_splitk": core.splitk}, sms, spec)
+    w0 = next(w for w in core.works[0] if w.weight_pass_bytes)
+    at_once = min(max(max(1, w0.ctas_per_sm) * float(sms[0]) / max(1, w0.items_per_rb), 1.0),
+                  max(1.0, min(float(core.row_blocks), w0.rbs_at_once_max)))
+    free = first_stage_free_row_blocks(core.row_blocks, plan.choice.depths[0] * runtime_block(plan)[1],
+                                       float(t[0] / max(t[1:])), at_once)
+    return tuple(tuple(w.but(free_rbs=free) if w.weight_pass_bytes else w for w in ws) if j == 0 else ws
+                 for j, ws in enumerate(core.works)), free
 
 
 def _unit_times(works, totals: dict, sms, spec: HwSpec):
