@@ -56,7 +56,7 @@ def first_stage_free_row_blocks(rbs: int, out_ring_rbs: int, rate_ratio: float, 
     whose output ring holds two of its rounds is never held back: it runs free over all its
     row-blocks. ncu (bench/dram_probe.py, not the suite's sizes): ln-residual's two alike
     stages at 8192 tokens, 64 row-blocks, 44 + 88 SMs: 2,830 MB where two rings' worth free
-    says 3,377 and all free 3,145; at 66 + 66 SMs, depth 8 (wsh-lnr4096-t8192): 71.2 weight
+    says 3,377 and all free 3,137; at 66 + 66 SMs, depth 8 (wsh-lnr4096-t8192): 71.2 weight
     passes of 128, 71.1 all free, 87 two rings free. Any other first stage: two rings' worth
     (held-fc2-d8, a round of 8 row-blocks against 8 slots, is broken up by slots freed one at a
     time). Tried and not kept: a faster first stage free for its ring plus what its consumers

@@ -22,8 +22,8 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from kitsune_dse.cost.estimate import Estimate
-from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row_blocks, local_frame_bytes, ring_cycle_stream_bytes,
-                                          streamed_weight_hit, write_back_fraction)
+from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row_blocks, local_frame_bytes,
+                                          ring_cycle_stream_bytes, streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
 from kitsune_dse.cost.region import Region, handed_over
