@@ -933,15 +933,19 @@ def _paced_by_rates(core: _StageWorks, plan: StagePlan, spec: HwSpec, sms):
     stage after it at these SM counts, each stage timed without its weight re-reads (what it
     can do, not what the pacing makes of it)."""
     J = len(core.works)
-    if J < 2 or not any(w.weight_pass_bytes for w in core.works[0]):
+    w0 = next((w for w in core.works[0] if w.weight_pass_bytes), None) if J > 1 else None
+    # (the works' own free_rbs is the rule's other answer: nothing to time where it already
+    # covers every row-block, nothing to rebuild where the rule gives it)
+    if w0 is None or w0.free_rbs >= core.row_blocks:
         return core.works, None
     bare = [[w.but(weight_pass_bytes=0.0) if w.weight_pass_bytes else w for w in ws] for ws in core.works]
     t = _unit_times(bare, {"stage_shapes": core.shapes, "stage_splitk": core.splitk}, sms, spec)
-    w0 = next(w for w in core.works[0] if w.weight_pass_bytes)
     at_once = min(max(max(1, w0.ctas_per_sm) * float(sms[0]) / max(1, w0.items_per_rb), 1.0),
                   max(1.0, min(float(core.row_blocks), w0.rbs_at_once_max)))
     free = first_stage_free_row_blocks(core.row_blocks, plan.choice.depths[0] * runtime_block(plan)[1],
                                        float(t[0] / max(t[1:])), at_once)
+    if free == w0.free_rbs:
+        return core.works, None
     return tuple(tuple(w.but(free_rbs=free) if w.weight_pass_bytes else w for w in ws) if j == 0 else ws
                  for j, ws in enumerate(core.works)), free
 
