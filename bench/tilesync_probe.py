@@ -6,6 +6,9 @@ each timed on cold L2 (a diagnostic of the tilesync model, issue 6).
 
 --kernels A:B keeps the region's kernels A to B-1 (which hand-off of a chain costs what);
 --splits I=S runs kernel I of the slice with S ranges of K (does splitting K cost the hand-off?).
+--trace FILE.npz also runs the tilesync variant with every CTA recording its start, inputs-ready
+and end times and its SM (cold L2, `--trace-runs` runs kept) and prints where each kernel's
+time went (`summarize_trace`).
 """
 from __future__ import annotations
 
@@ -29,35 +32,33 @@ def main() -> None:
     ap.add_argument("--kernels", default="", help="A:B, a slice of the region's kernels")
     ap.add_argument("--splits", action="append", default=[],
                     help="I=S: run kernel I (of the slice) with S ranges of K (a GEMM's split-K)")
+    ap.add_argument("--sizes", default="", help="NAME=INT,...: the model's sizes instead of the plan's "
+                    "(the same kernels at other shapes)")
+    ap.add_argument("--trace", default="", help="FILE.npz: CTA timelines of the tilesync variant")
+    ap.add_argument("--trace-runs", type=int, default=5)
+    ap.add_argument("--precompile", default="", metavar="CACHE_DIR",
+                    help="(this machine, nvcc) compile the probe's modules into CACHE_DIR and exit")
     a = ap.parse_args()
+    if a.precompile:
+        import importlib.util
+        spec = importlib.util.spec_from_file_location("precompile", ROOT / "bench/precompile.py")
+        pre = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(pre)
+        from kitsune_dse.validate.plan import DeviceInfo
+        info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+        _, _, variants = build(a, info)
+        Path(a.precompile).mkdir(parents=True, exist_ok=True)
+        for v in variants:
+            print(pre.compile_one(v.build(), info.arch, Path(a.precompile)), flush=True)
+        return
     import cupy as cp
 
-    from kitsune_dse.graph import load_model
-    from kitsune_dse.validate.harness import check_variant, resolve_model_ref
-    from kitsune_dse.validate.lower import Region, fusion_groups
+    from kitsune_dse.validate.harness import check_variant
     from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.plan import load_plan
     from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant, gpu_info
-    plan = load_plan(a.plan)
-    graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
-    region = plan["regions"][a.region]
-    if a.kernels:
-        lo, hi = (int(x) if x else None for x in a.kernels.split(":"))
-        kernels = region["kernels"][lo:hi]
-        region = dict(region, kernels=kernels, ops=[o for k in kernels for o in k])
+    from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
-    reg = Region(graph, region)
-    tensors = Tensors(reg)
-    groups = fusion_groups(reg)
-    for spec in a.splits:
-        i, n = (int(x) for x in spec.split("="))
-        groups[i].tile = dict(groups[i].tile or {}, splits=n)
-    pdl = TilesyncVariant("tilesync", reg, tensors, info, groups, region["strategy"])
-    plain = TilesyncVariant("tilesync-no-pdl", reg, tensors, info, groups, region["strategy"])
-    plain.programmatic = False
-    graph_v = StandaloneVariant("graph", reg, tensors, info, groups, graph=True, prefix="fus")
-    eager = StandaloneVariant("eager", reg, tensors, info, groups, prefix="fus")
+    (reg, tensors, groups, region), _, (graph_v, pdl, plain, eager, traced) = build(a, info)
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flusher()
     rows = []
@@ -68,11 +69,83 @@ def main() -> None:
             chk.pop("_ref", None)
             t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
             rows.append((v.name, t.median_s * 1e6, t.p10_s * 1e6, t.p90_s * 1e6, chk["correct"]))
-    print(f"{a.plan} region {a.region} {a.kernels} {' '.join(a.splits)} "
+    print(f"{a.plan} region {a.region} {a.kernels} {' '.join(a.splits)} {a.sizes} "
           f"({region['strategy']}, {len(groups)} kernels)")
     for name, med, p10, p90, ok in rows:
         print(f"  {name:16s} {med:9.1f} us  (p10 {p10:.1f}, p90 {p90:.1f}) {'ok' if ok else 'WRONG'}")
     print(json.dumps({n: round(m, 2) for n, m, *_ in rows}))
+    if a.trace:
+        runs = []
+        with stream:
+            traced.prepare()
+            for i in range(a.trace_runs + 1):
+                traced.pre(True)
+                flush(stream)
+                traced.run(stream)
+                stream.synchronize()
+                traced.after()
+                if i:       # the first run warms the module
+                    runs.append(traced.trace_records())
+        import numpy as np
+        np.savez(a.trace, **{f"run{i}_{k}": v for i, r in enumerate(runs) for k, v in r.items()})
+        print(summarize_trace(runs))
+
+
+def build(a, info):
+    """The region (slice, sizes, splits) and its variants: graph, tilesync, tilesync-no-pdl,
+    eager, tilesync-traced (no CuPy: sources only until prepared)."""
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.harness import resolve_model_ref
+    from kitsune_dse.validate.lower import Region, fusion_groups
+    from kitsune_dse.validate.plan import load_plan
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
+    plan = load_plan(a.plan)
+    sizes = dict(plan["model"].get("sizes") or {})
+    sizes.update({k: int(v) for k, v in (kv.split("=") for kv in a.sizes.split(",") if kv)})
+    graph = load_model(resolve_model_ref(plan), sizes)
+    region = plan["regions"][a.region]
+    if a.kernels:
+        lo, hi = (int(x) if x else None for x in a.kernels.split(":"))
+        kernels = region["kernels"][lo:hi]
+        region = dict(region, kernels=kernels, ops=[o for k in kernels for o in k])
+    reg = Region(graph, region)
+    tensors = Tensors(reg)
+    groups = fusion_groups(reg)
+    for spec in a.splits:
+        i, n = (int(x) for x in spec.split("="))
+        groups[i].tile = dict(groups[i].tile or {}, splits=n)
+    strategy = region["strategy"]
+    pdl = TilesyncVariant("tilesync", reg, tensors, info, groups, strategy)
+    plain = TilesyncVariant("tilesync-no-pdl", reg, tensors, info, groups, strategy)
+    plain.programmatic = False
+    graph_v = StandaloneVariant("graph", reg, tensors, info, groups, graph=True, prefix="fus")
+    eager = StandaloneVariant("eager", reg, tensors, info, groups, prefix="fus")
+    traced = TilesyncVariant("tilesync-traced", reg, tensors, info, groups, strategy, trace=True)
+    return (reg, tensors, groups, region), None, (graph_v, pdl, plain, eager, traced)
+
+
+def summarize_trace(runs: list[dict]) -> str:
+    """Per kernel, medians over runs of (us from the first CTA's start of the first kernel):
+    first start, all CTAs started, first inputs ready, median wait, 10/50/90/100% of CTAs ended,
+    the busy time summed over CTAs over the span (mean CTAs resident), SMs used."""
+    import numpy as np
+    names = list(runs[0])
+    rows = {n: [] for n in names}
+    for r in runs:
+        t0 = min(int(v[:, 0].min()) for v in r.values() if len(v))
+        for n in names:
+            v = r[n].astype(np.int64)
+            st, rd, en = (v[:, 0] - t0) / 1e3, (v[:, 1] - t0) / 1e3, (v[:, 2] - t0) / 1e3
+            span = en.max() - st.min()
+            rows[n].append([st.min(), st.max(), rd.min(), float(np.median(rd - st)),
+                            *np.percentile(en, [10, 50, 90]), en.max(),
+                            float((en - rd).sum() / max(span, 1e-9)), len(set(v[:, 3].tolist()))])
+    hdr = ("kernel", "first", "all in", "ready", "wait50", "end10", "end50", "end90", "end", "work/span", "SMs")
+    out = ["  " + " ".join(f"{h:>10s}" for h in hdr)]
+    for n in names:
+        med = np.median(np.array(rows[n]), axis=0)
+        out.append("  " + f"{n:>10s} " + " ".join(f"{x:10.1f}" for x in med))
+    return "\n".join(out)
 
 
 if __name__ == "__main__":

@@ -455,6 +455,25 @@ def test_tilesync_plan_waits_for_rows_and_counts_tiles():
     assert v.sync.words == 8 + g0.units + 1 + g1.units + 1
 
 
+def test_traced_tilesync_records_every_cta_after_the_counters():
+    from kitsune_dse.validate.lower import fusion_groups
+    from kitsune_dse.validate.runtime import Tensors, TilesyncVariant
+    reg, _ = _strategy_region("gpt3-mlp-t2048-tp8", "tilesync", [["fc1", "gelu"], ["fc2", "residual"]])
+    plain = TilesyncVariant("plan", reg, Tensors(reg), H100, fusion_groups(reg), "tilesync")
+    traced = TilesyncVariant("plan", reg, Tensors(reg), H100, fusion_groups(reg), "tilesync", trace=True)
+    plain_src, src = plain.build(), traced.build()
+    assert "globaltimer" not in plain_src and plain.sync.trace_off == -1
+    g0, g1 = (traced.sync.groups[g.name] for g in traced.groups)
+    grids = {ln.group: ln.grid[0] for ln in traced._launches}
+    # one record per CTA of each kernel, in launch order, 8-byte aligned after the counters
+    assert (g0.ctas, g1.ctas) == (grids[g0.name], grids[g1.name])
+    assert traced.sync.trace_off >= plain.sync.words and traced.sync.trace_off % 2 == 0
+    assert (g0.trace_base, g1.trace_base) == (0, g0.ctas)
+    assert traced.sync.words == traced.sync.trace_off + 8 * (g0.ctas + g1.ctas)
+    # the last kernel counts nothing but still records its CTAs
+    assert src.count("tr[0] = kdse_t0;") == 2 and src.count("tilesync_signal((u32*)bufs[") == 1
+
+
 def test_concurrent_plan_waits_for_whole_producers_in_level_order():
     from kitsune_dse.validate.runtime import Tensors, TilesyncVariant, level_order, make_variants
     reg, region = _strategy_region("gpt3-mlp-t2048-tp8", "concurrent", [])

@@ -499,11 +499,12 @@ class TilesyncVariant(StandaloneVariant):
 
     def __init__(self, name, reg, tensors, info, groups: list[Group], strategy: str,
                  graph: bool = True, timeout_s: float = 1.0, plant_deadlock: bool = False,
-                 probe: str = ""):
+                 probe: str = "", trace: bool = False):
         super().__init__(name, reg, tensors, info, groups, graph=graph, prefix="ts")
         self.strategy = strategy
         self.plant_deadlock = plant_deadlock
         self.probe = probe
+        self.trace = trace          # every CTA records its times and SM (bench/tilesync_probe.py)
         self.programmatic = True    # False: plain stream order (under ncu's range replay)
         self.timeout_ns = int(timeout_s * 1e9)
 
@@ -511,7 +512,7 @@ class TilesyncVariant(StandaloneVariant):
         bt = codegen.BufTable()
         tiles = {g.name: codegen.choose_gemm_tile(g, self.info.sm_count) for g in self.groups
                  if g.kind == "gemm"}
-        self.sync = plan_sync(self.groups, self.strategy, tiles, self.timeout_ns, self.probe)
+        self.sync = plan_sync(self.groups, self.strategy, tiles, self.timeout_ns, self.probe, self.trace)
         if self.plant_deadlock:     # (tests) waiters need one tile more than a producer finishes
             for gs in self.sync.groups.values():
                 if gs.waits:
@@ -542,6 +543,16 @@ class TilesyncVariant(StandaloneVariant):
 
     def kernel_times(self, stream, flush=None, runs: int = 5):
         raise PipelineError("tilesync kernels overlap: there are no per-kernel times")
+
+    def trace_records(self) -> dict:
+        """The last run's CTA records of a traced variant: kernel -> uint64 array of rows
+        (start, inputs ready, end in ns of %globaltimer, SM id), in blockIdx order."""
+        if self.sync.trace_off < 0:
+            raise PipelineError("this variant was built without trace=True")
+        words = self.private[SYNC_BUF][self.sync.trace_off:].get()
+        recs = words.view("uint64").reshape(-1, self.sync.TRACE_WORDS // 2)
+        return {gs.name: recs[gs.trace_base: gs.trace_base + gs.ctas]
+                for gs in sorted(self.sync.groups.values(), key=lambda g: g.index)}
 
     def after(self):
         c = self.private[SYNC_BUF][:6].get()

@@ -52,6 +52,8 @@ class GroupSync:
     index: int = 0                   # launch position
     count_units: bool = False        # a consumer waits for rows of this kernel
     count_done: bool = False         # a consumer waits for all of this kernel
+    ctas: int = 0                    # the kernel's grid
+    trace_base: int = -1             # first CTA record of a traced run (diagnostics), or -1
 
 
 @dataclass
@@ -60,6 +62,9 @@ class SyncPlan:
     groups: dict
     words: int
     timeout_ns: int
+    trace_off: int = -1              # u32 word of the first trace record (8-byte aligned), or -1
+
+    TRACE_WORDS = 8                  # per CTA: u64 start, inputs ready, end, SM id
 
     @property
     def buf(self) -> str:
@@ -78,8 +83,10 @@ class SyncPlan:
         """Kernel prologue: release the next kernel's launch, then wait for the inputs' rows."""
         gs = self.groups[grp.name]
         out = ["    kdse_launch_dependents();"]
+        if self.trace_off >= 0:
+            out += ["    const u64 kdse_t0 = globaltimer();"]
         if not gs.waits:
-            return out
+            return out + (["    const u64 kdse_t1 = kdse_t0;"] if self.trace_off >= 0 else [])
         out += [f"    u32* const sync = (u32*)bufs[{bufs_idx}];"]
         for j, (p, how, t) in enumerate(gs.waits):
             if how == "rows":   # every thread: one unit each, so the units' waits overlap
@@ -89,16 +96,28 @@ class SyncPlan:
                 out.append(f"    if (threadIdx.x == 0) tilesync_wait_all(sync, {p.done}, {p.total}, "
                            f"{self.timeout_ns}ull, {gs.index * 64 + j});   // {t} from {p.name}")
         out += ["    __syncthreads();"]
+        if self.trace_off >= 0:
+            out += ["    const u64 kdse_t1 = globaltimer();"]
         return out
 
     def signal(self, grp: Group, bufs_idx: int, unit: str) -> list[str]:
-        """Count the finished tile where a consumer waits for it (nothing otherwise)."""
+        """Count the finished tile where a consumer waits for it (nothing otherwise); a traced
+        run also records the CTA's start, inputs-ready and end times and its SM."""
         gs = self.groups[grp.name]
-        if not (gs.count_units or gs.count_done):
-            return []
-        unit_word = f"{gs.off} + ({unit})" if gs.count_units else "-1"
-        done_word = str(gs.done) if gs.count_done else "-1"
-        return [f"    tilesync_signal((u32*)bufs[{bufs_idx}], {unit_word}, {done_word});"]
+        out = []
+        if gs.count_units or gs.count_done:
+            unit_word = f"{gs.off} + ({unit})" if gs.count_units else "-1"
+            done_word = str(gs.done) if gs.count_done else "-1"
+            out.append(f"    tilesync_signal((u32*)bufs[{bufs_idx}], {unit_word}, {done_word});")
+        if self.trace_off >= 0:
+            out += ["    __syncthreads();",
+                    "    if (threadIdx.x == 0) {",
+                    f"        u64* tr = (u64*)((u32*)bufs[{bufs_idx}] + {self.trace_off}) + "
+                    f"{self.TRACE_WORDS // 2} * ({gs.trace_base} + blockIdx.x);",
+                    "        u32 smid; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));",
+                    "        tr[0] = kdse_t0; tr[1] = kdse_t1; tr[2] = globaltimer(); tr[3] = smid;",
+                    "    }"]
+        return out
 
 
 def _tiles(grp: Group, tile: dict) -> tuple[int, int]:
@@ -107,11 +126,12 @@ def _tiles(grp: Group, tile: dict) -> tuple[int, int]:
 
 
 def plan_sync(groups: list[Group], strategy: str, tiles: dict, timeout_ns: int,
-              probe: str = "") -> SyncPlan:
+              probe: str = "", trace: bool = False) -> SyncPlan:
     """Counters and waits for `groups` (launch order). tiles: group name -> GEMM tile dict.
     probe (calibration): "signal": every kernel counts its tiles (a producer's per-tile cost);
     "both": it also waits for the rows of an always-complete counter before each tile (plus a
-    consumer's)."""
+    consumer's). trace (diagnostics): every CTA records when it started, when its inputs were
+    ready and when it ended, and its SM (`SyncPlan.TRACE_WORDS` words each, after the counters)."""
     by_name: dict[str, GroupSync] = {}
     writer: dict[str, GroupSync] = {}
     word = HEADER_WORDS
@@ -128,6 +148,7 @@ def plan_sync(groups: list[Group], strategy: str, tiles: dict, timeout_ns: int,
         gs = GroupSync(grp.name, unit_rows, units, per_unit, off=word, done=word + units,
                        total=units * per_unit, index=len(by_name))
         word += units + 1
+        gs.ctas = gs.total * (tiles[grp.name]["splits"] if grp.kind == "gemm" else 1)
         if grp.kind == "gemm" and tiles[grp.name]["splits"] > 1:
             gs.arrive = word       # n_rb x n_ct from the unit counts above
             word += n_rb * n_ct
@@ -151,7 +172,14 @@ def plan_sync(groups: list[Group], strategy: str, tiles: dict, timeout_ns: int,
         for t in grp.stores:
             writer[t] = gs
         by_name[grp.name] = gs
-    return SyncPlan(strategy, by_name, word, timeout_ns)
+    trace_off = -1
+    if trace:
+        trace_off = (word + 1) // 2 * 2
+        word = trace_off
+        for gs in by_name.values():
+            gs.trace_base = (word - trace_off) // SyncPlan.TRACE_WORDS
+            word += gs.ctas * SyncPlan.TRACE_WORDS
+    return SyncPlan(strategy, by_name, word, timeout_ns, trace_off)
 
 
 CUDA_HELPERS = r"""
