@@ -234,3 +234,16 @@ LNR_T8K = ("ln-residual-gemm", {"tokens": 8192, "hidden": 4096})
 for _d in (2, 4):
     PROBES[f"pace-lnr-t8192-p66-66-d{_d}-row"] = (LNR_T8K, [_pipe(LNR_STAGES, [66, 66], 128, [_d], ["row"])])
 PROBES["pace-lnr-t8192-p44-88-r256-d4-row"] = (LNR_T8K, [_pipe(LNR_STAGES, [44, 88], 256, [4], ["row"])])
+
+# nineteenth session (to run): the gpt pair with the suite's tp-8 weights (151 MB each) at other
+# token counts (4096: 32 row-blocks; 1024: 8). The suite's 99/33 and 88/44 hand plans (2048 tokens)
+# read 11-16% more than the model, which the 67 MB pace-gpt-* probes do not: is it the weights' size?
+GPT151_4K = ("gpt3-mlp", {"tokens": 4096, "tp": 8})
+GPT151_1K = ("gpt3-mlp", {"tokens": 1024, "tp": 8})
+for _a, _b, _rows, _d, _m in ((99, 33, 128, 8, "split_k"), (88, 44, 256, 4, "row"), (66, 66, 128, 8, "split_k"),
+                              (44, 88, 128, 8, "split_k")):
+    PROBES[f"pace-gpt151-t4096-p{_a}-{_b}-r{_rows}-d{_d}-{_m.replace('_', '')}"] = (
+        GPT151_4K, [_pipe(PAIR, [_a, _b], _rows, [_d], [_m])])
+for _a, _b, _rows, _d, _m in ((99, 33, 128, 8, "split_k"), (66, 66, 128, 8, "split_k")):
+    PROBES[f"pace-gpt151-t1024-p{_a}-{_b}-r{_rows}-d{_d}-{_m.replace('_', '')}"] = (
+        GPT151_1K, [_pipe(PAIR, [_a, _b], _rows, [_d], [_m])])

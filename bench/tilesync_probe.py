@@ -75,20 +75,27 @@ def main() -> None:
         print(f"  {name:16s} {med:9.1f} us  (p10 {p10:.1f}, p90 {p90:.1f}) {'ok' if ok else 'WRONG'}")
     print(json.dumps({n: round(m, 2) for n, m, *_ in rows}))
     if a.trace:
-        runs = []
-        with stream:
-            traced.prepare()
-            for i in range(a.trace_runs + 1):
-                traced.pre(True)
-                flush(stream)
-                traced.run(stream)
-                stream.synchronize()
-                traced.after()
-                if i:       # the first run warms the module
-                    runs.append(traced.trace_records())
         import numpy as np
-        np.savez(a.trace, **{f"run{i}_{k}": v for i, r in enumerate(runs) for k, v in r.items()})
-        print(summarize_trace(runs))
+        traced.prepare()
+        # with programmatic launches (the tilesync plan), then in plain stream order (each
+        # kernel after the last: the graph's order, with the records)
+        for programmatic, path in ((True, a.trace), (False, a.trace.replace(".npz", "-plain.npz"))):
+            traced.programmatic = programmatic
+            traced.graph = None         # captured again with this launch mode
+            runs = []
+            with stream:
+                for i in range(a.trace_runs + 1):
+                    traced.pre(True)
+                    flush(stream)
+                    traced.run(stream)
+                    stream.synchronize()
+                    traced.after()
+                    if i:       # the first run warms the module
+                        runs.append(traced.trace_records())
+            np.savez(path, **{f"run{i}_{k}": v for i, r in enumerate(runs) for k, v in r.items()})
+            print(f"  CTA trace, {'programmatic launches' if programmatic else 'plain stream order'} "
+                  f"(us from the first CTA's start; median of {len(runs)} cold runs):")
+            print(summarize_trace(runs))
 
 
 def build(a, info):
@@ -126,7 +133,8 @@ def build(a, info):
 
 def summarize_trace(runs: list[dict]) -> str:
     """Per kernel, medians over runs of (us from the first CTA's start of the first kernel):
-    first start, all CTAs started, first inputs ready, median wait, 10/50/90/100% of CTAs ended,
+    first start, all CTAs started, first inputs ready, median wait, median CTA time from its
+    inputs ready to its end, 10/50/90/100% of CTAs ended,
     the busy time summed over CTAs over the span (mean CTAs resident), SMs used."""
     import numpy as np
     names = list(runs[0])
@@ -138,9 +146,10 @@ def summarize_trace(runs: list[dict]) -> str:
             st, rd, en = (v[:, 0] - t0) / 1e3, (v[:, 1] - t0) / 1e3, (v[:, 2] - t0) / 1e3
             span = en.max() - st.min()
             rows[n].append([st.min(), st.max(), rd.min(), float(np.median(rd - st)),
-                            *np.percentile(en, [10, 50, 90]), en.max(),
+                            float(np.median(en - rd)), *np.percentile(en, [10, 50, 90]), en.max(),
                             float((en - rd).sum() / max(span, 1e-9)), len(set(v[:, 3].tolist()))])
-    hdr = ("kernel", "first", "all in", "ready", "wait50", "end10", "end50", "end90", "end", "work/span", "SMs")
+    hdr = ("kernel", "first", "all in", "ready", "wait50", "cta50", "end10", "end50", "end90", "end",
+           "work/span", "SMs")
     out = ["  " + " ".join(f"{h:>10s}" for h in hdr)]
     for n in names:
         med = np.median(np.array(rows[n]), axis=0)
