@@ -207,13 +207,24 @@ SEARCH_REL = 1e-3
                  hbm_per_sm_bandwidth_Bps=10e9, l2_bytes=4 * MiB, graph_launch_overhead_s=1.795e-6,
                  sync_latency_s=0.1e-6, efficiency={"hbm_saturation_exponent": 1.0}),
          kind="sms", factor=1.0, extra=1)
+@example(g=build("ex5", [Tensor("x", (256, 64), "fp16"), Tensor("w0", (64, 64), "fp16"),
+                         Tensor("w1", (64, 4096), "fp16")],
+                  [("mm0", "matmul", ("x", "w0"), ("t0",)), ("mm1", "matmul", ("t0", "w1"), ("t1",))],
+                  ["x"], ["w0", "w1"]),
+         hw=spec(sm_count=25, tensor_peak_flop_per_s={"fp16": 187.38636e12, "bf16": 187.38636e12, "fp8": 374.79167e12},
+                 simt_peak_flop_per_s={"fp32": 12.670455e12, "fp16": 25.340909e12}, hbm_bandwidth_Bps=500e9,
+                 hbm_per_sm_bandwidth_Bps=10e9, l2_bytes=4 * MiB, graph_launch_overhead_s=1.27803e-6,
+                 sync_latency_s=0.2e-6, efficiency={"hbm_saturation_exponent": 1.0}),
+         kind="sms", factor=1.0, extra=1)
 def test_faster_hardware_never_increases_the_best_pipeline_latency(g, hw, kind, factor, extra):
     # (the second example: with one SM more, the SM balancing gave it to the stage whose servers
     # then doubled, until it priced splits by the closed form with unit latencies; the third:
     # on 100 SMs the tuning stopped at 98 + 2, where the first stage's servers double, because
     # 97 + 3 was worse still, until it also tried moves of 2, 4, ... SMs: now 96 + 4; the fourth:
     # a one-stage pipeline of three steps, 24.0 us on 88 SMs and 24.2 on 89, its worker schedule
-    # not monotone in its workers, until one stage could leave SMs idle)
+    # not monotone in its workers, until one stage could leave SMs idle; the fifth: 2 + 24 SMs
+    # slower than 1 + 24, the first stage's servers doubling, until any stage could leave a
+    # step idle)
     note(describe(g))
     better = improve(hw, kind, factor, extra)
     r = Region.of(g)
