@@ -6,14 +6,16 @@
 set -u
 cd "$(dirname "$0")/.."
 mode=${1:?OUT_DIR or --precompile}; filter=${2:-.}
+if [ "$mode" != "--precompile" ]; then
+  export KDSE_CUBIN_CACHE=${KDSE_CUBIN_CACHE:-$PWD/bench/.cubin_cache}
+  mkdir -p "$mode"
+fi
 grep -v '^#' bench/handoff_probes.txt | grep -E "$filter" | while read -r plan region kernels sizes; do
   [ -z "$plan" ] && continue
   if [ "$mode" = "--precompile" ]; then
     python bench/tilesync_probe.py "$plan" "$region" --kernels "$kernels" --sizes "$sizes" \
       --precompile bench/.cubin_cache
   else
-    export KDSE_CUBIN_CACHE=${KDSE_CUBIN_CACHE:-$PWD/bench/.cubin_cache}
-    mkdir -p "$mode"
     tag=$(echo "$(basename "$plan" .json)-r$region-$kernels-$sizes" | tr '=,:' '__-')
     python3 bench/tilesync_probe.py "$plan" "$region" --kernels "$kernels" --sizes "$sizes" --runs 20 \
       --trace "$mode/trace_$tag.npz" > "$mode/probe_$tag.txt" 2>&1

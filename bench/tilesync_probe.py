@@ -46,7 +46,7 @@ def main() -> None:
         spec.loader.exec_module(pre)
         from kitsune_dse.validate.plan import DeviceInfo
         info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
-        _, _, variants = build(a, info)
+        _, variants = build(a, info)
         Path(a.precompile).mkdir(parents=True, exist_ok=True)
         for v in variants:
             print(pre.compile_one(v.build(), info.arch, Path(a.precompile)), flush=True)
@@ -58,7 +58,7 @@ def main() -> None:
     from kitsune_dse.validate.reference import input_roles
     from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
-    (reg, tensors, groups, region), _, (graph_v, pdl, plain, eager, traced) = build(a, info)
+    (reg, tensors, groups, region), (graph_v, pdl, plain, eager, traced) = build(a, info)
     stream = cp.cuda.Stream(non_blocking=True)
     flush = L2Flusher()
     rows = []
@@ -128,21 +128,23 @@ def build(a, info):
     graph_v = StandaloneVariant("graph", reg, tensors, info, groups, graph=True, prefix="fus")
     eager = StandaloneVariant("eager", reg, tensors, info, groups, prefix="fus")
     traced = TilesyncVariant("tilesync-traced", reg, tensors, info, groups, strategy, trace=True)
-    return (reg, tensors, groups, region), None, (graph_v, pdl, plain, eager, traced)
+    return (reg, tensors, groups, region), (graph_v, pdl, plain, eager, traced)
 
 
 def summarize_trace(runs: list[dict]) -> str:
     """Per kernel, medians over runs of (us from the first CTA's start of the first kernel):
     first start, all CTAs started, first inputs ready, median wait, median CTA time from its
     inputs ready to its end, 10/50/90/100% of CTAs ended,
-    the busy time summed over CTAs over the span (mean CTAs resident), SMs used."""
+    the busy time summed over CTAs over the span (mean CTAs resident), SMs used. A split-K
+    GEMM's CTAs that are not their tile's last K range record nothing (all-zero rows: left out)."""
     import numpy as np
     names = list(runs[0])
     rows = {n: [] for n in names}
     for r in runs:
+        r = {n: v[v[:, 2] > 0].astype(np.int64) for n, v in r.items()}
         t0 = min(int(v[:, 0].min()) for v in r.values() if len(v))
         for n in names:
-            v = r[n].astype(np.int64)
+            v = r[n]
             st, rd, en = (v[:, 0] - t0) / 1e3, (v[:, 1] - t0) / 1e3, (v[:, 2] - t0) / 1e3
             span = en.max() - st.min()
             rows[n].append([st.min(), st.max(), rd.min(), float(np.median(rd - st)),

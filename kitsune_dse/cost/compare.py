@@ -77,14 +77,13 @@ def balanced(region: Region, spec: HwSpec, choice: PipelineChoice, step: int = 1
         # a several-step stage's worker schedule is not monotone in its workers (a round robin
         # of uneven steps: a small MLP's three-step stage ran 24.0 us on 88 SMs, 24.2 on 89):
         # the stage may leave SMs idle where fewer give a shorter unit time
-        counts = np.arange(step, total + 1, step)
-        if len(counts):
-            fewest = int(counts[np.argmin(tab[0][counts])])
-            if tab[0][fewest] < tab[0][total] * (1 - 1e-9):
-                fewer = PipelineChoice(choice.stages, (fewest,), choice.tile_rows, choice.depths, choice.modes)
-                e2 = pipeline(region, spec, fewer)
-                if e2.latency_s < est.latency_s:
-                    one, est = fewer, e2
+        counts = np.arange(step, total + 1, step)     # not empty: _probe checked step <= total
+        fewest = int(counts[np.argmin(tab[0][counts])])
+        if tab[0][fewest] < tab[0][total] * (1 - 1e-9):
+            fewer = PipelineChoice(choice.stages, (fewest,), choice.tile_rows, choice.depths, choice.modes)
+            e2 = pipeline(region, spec, fewer)
+            if e2.latency_s < est.latency_s:
+                one, est = fewer, e2
         return one, est
     _, split = split_sms([tab[j] for j in range(J)], total, step)
     if not split:

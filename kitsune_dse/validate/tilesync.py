@@ -175,10 +175,10 @@ def plan_sync(groups: list[Group], strategy: str, tiles: dict, timeout_ns: int,
     trace_off = -1
     if trace:
         trace_off = (word + 1) // 2 * 2
-        word = trace_off
+        ctas = 0
         for gs in by_name.values():
-            gs.trace_base = (word - trace_off) // SyncPlan.TRACE_WORDS
-            word += gs.ctas * SyncPlan.TRACE_WORDS
+            gs.trace_base, ctas = ctas, ctas + gs.ctas
+        word = trace_off + ctas * SyncPlan.TRACE_WORDS
     return SyncPlan(strategy, by_name, word, timeout_ns, trace_off)
 
 
