@@ -220,6 +220,18 @@ PIPE_DIAG = [
     ("gemm epilogue bias", "mmbias", (65536, 256, 256), 132, True),
     ("gemm epilogue bias", "mmrelu", (2048, 1024, 1024), 60, True),
     ("gemm epilogue bias", "mmrelu", (65536, 256, 256), 132, True),
+    # products narrower than the tile (a head: NeRF's sigma N = 1 and rgb N = 3, DLRM's CTR
+    # N = 1, padded to 8): the tile's math runs all its 128 columns, its B loads and epilogue
+    # only the valid ones; beside the same shapes a full column tile wide (session 20)
+    ("gemm narrow N", "mmbias", (65536, 8, 256), 33, True, 1024),
+    ("gemm narrow N", "mmbias", (65536, 128, 256), 33, True, 1024),
+    ("gemm narrow N", "mmbias", (65536, 8, 128), 33, True, 1024),
+    ("gemm narrow N", "mmbias", (65536, 128, 128), 33, True, 1024),
+    ("gemm narrow N", "mmbias", (65536, 64, 256), 33, True, 1024),
+    ("gemm narrow N", "mmbias", (131072, 8, 512), 132, True),
+    ("gemm narrow N", "mmbias", (131072, 128, 512), 132, True),
+    ("gemm narrow N", "matmul", (131072, 8, 256), 66, True),
+    ("gemm narrow N", "matmul", (131072, 128, 256), 66, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
@@ -231,6 +243,9 @@ def pipe_variants(info):
     from kitsune_dse.validate.runtime import PipelineVariant, Tensors
     cases = [("sweep", kind, dims, s, True) for kind, dims in (("matmul", PIPE_GEMM), ("add", PIPE_EW))
              for s in PIPE_SMS] + PIPE_DIAG
+    labels = [x for x in os.environ.get("KDSE_PIPE_LABELS", "").split(",") if x]
+    if labels:      # KDSE_PIPE_LABELS=label,...: those cases alone (a partial raw)
+        cases = [c for c in cases if c[0] in labels]
     out = []
     for label, kind, dims, s, flush, *rest in cases:
         rows = rest[0] if rest else 128
@@ -529,6 +544,7 @@ ONE_PARAMETER_FITS = [
     ("concat", "fit_concat_stream", "persistent_concat_sm_stream_Bps", "concat_fit"),
     ("ring pair", "fit_ring_handoff", "ring_handoff_s", "ring_handoff_fit"),
     ("ring pair row", "fit_row_load", "persistent_row_load_slowdown", "row_load_fit"),
+    ("gemm narrow N", "fit_narrow_tile", "persistent_narrow_tile_saving", "narrow_tile_fit"),
 ]
 
 
@@ -770,7 +786,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         # persistent GEMM steps: their rate, a fixed cost per output tile and the operand bytes
         # one SM streams per second and the part of it hidden under the math, fitted through the pipeline model
         # on every one-stage GEMM microbenchmark (SM sweep and shape diagnostics)
-        gemm_rows = [r for r in raw.get("pipe_rows", []) if r.get("kind") == "matmul" and r.get("time_s")]
+        gemm_rows = [r for r in raw.get("pipe_rows", []) if r.get("kind") == "matmul" and r.get("time_s")
+                     and r.get("label") != "gemm narrow N"]    # (priced apart: fit_narrow_tile)
         if sp is harness and gemm_rows:
             pf = fit_persistent_gemm(spec_from_dict(data, name), gemm_rows)
             data["gemm_tile_fixed_s"] = pf["tile_fixed_s"]

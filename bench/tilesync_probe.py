@@ -108,7 +108,10 @@ def build(a, info):
     from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
     plan = load_plan(a.plan)
     sizes = dict(plan["model"].get("sizes") or {})
-    sizes.update({k: int(v) for k, v in (kv.split("=") for kv in a.sizes.split(",") if kv)})
+    overrides = {k: int(v) for k, v in (kv.split("=") for kv in a.sizes.split(",") if kv)}
+    if overrides:   # the plan records derived sizes too (nerf's points = rays * samples): drop
+        sizes = {k: v for k, v in sizes.items() if k not in _derived_sizes(plan)}  # to re-derive
+    sizes.update(overrides)
     graph = load_model(resolve_model_ref(plan), sizes)
     region = plan["regions"][a.region]
     if a.kernels:
@@ -129,6 +132,19 @@ def build(a, info):
     eager = StandaloneVariant("eager", reg, tensors, info, groups, prefix="fus")
     traced = TilesyncVariant("tilesync-traced", reg, tensors, info, groups, strategy, trace=True)
     return (reg, tensors, groups, region), (graph_v, pdl, plain, eager, traced)
+
+
+def _derived_sizes(plan) -> set[str]:
+    """The model's sizes written as expressions of others (a YAML model's `sizes:`)."""
+    import yaml
+
+    from kitsune_dse.validate.harness import resolve_model_ref
+    ref = Path(resolve_model_ref(plan))
+    path = ref if ref.suffix in (".yaml", ".yml") else ROOT / "models" / f"{ref}.yaml"
+    if not path.exists():
+        return set()
+    raw = (yaml.safe_load(path.read_text()) or {}).get("sizes") or {}
+    return {str(k) for k, v in raw.items() if isinstance(v, str)}
 
 
 def summarize_trace(runs: list[dict]) -> str:

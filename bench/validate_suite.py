@@ -461,6 +461,9 @@ def ncu_child(targets_path: str, order_path: str) -> None:
 def collect(src: Path) -> None:
     import shutil
     RESULTS.mkdir(parents=True, exist_ok=True)
+    if (src / "validation.csv").exists():           # a new run: the last run's extra runs are stale
+        for old in RESULTS.glob("validation_repeat_*.csv"):
+            old.unlink()
     for name in ("validation.csv", "validation_ncu.csv", "env.json", "log.txt", "ncu_log.txt"):
         if (src / name).exists():
             shutil.copy(src / name, RESULTS / name)

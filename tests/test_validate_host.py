@@ -573,3 +573,16 @@ def test_elementwise_grid_is_the_one_the_cost_model_orders():
     assert per_sm == 32
     ln = next(ln for ln in launches if ln.group == g.name)
     assert ln.block == EW_THREADS and ln.grid[0] == min(-(-total // EW_THREADS), 132 * per_sm)
+
+
+def test_a_product_narrower_than_its_tile_gets_a_narrow_epilogue_and_wider_ones_keep_their_type():
+    """GemmCfg's NV (8-column vectors a row the epilogue stores) is emitted only where the
+    product is narrower than the tile (nerf's rgb_fc, N = 3 padded to 8: one vector), so every
+    wider GEMM keeps the source, and the cubin, it had."""
+    from kitsune_dse.validate.codegen import gemm_cfg
+    assert gemm_cfg(128, 128, 1, 64, 3, False, 8)["type"] == "GemmCfg<128, 128, 64, 3, 1, false, 1>"
+    assert gemm_cfg(128, 128, 1, 64, 3, True, 64)["type"] == "GemmCfg<128, 128, 64, 3, 1, true, 8>"
+    for cols in (0, 128, 136, 4096):
+        assert gemm_cfg(128, 128, 1, 64, 3, False, cols)["type"] == "GemmCfg<128, 128, 64, 3, 1>"
+    assert gemm_cfg(128, 64, 2, 32, 4, False, 64)["type"] == "GemmCfg<128, 64, 32, 4, 2>"
+    assert gemm_cfg(128, 128, 1, 64, 3, False, 8)["SMEM_BYTES"] == gemm_cfg(128, 128, 1, 64, 3)["SMEM_BYTES"]

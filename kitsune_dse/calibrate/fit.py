@@ -338,6 +338,35 @@ def fit_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
                     lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs={"mmadd": "matmul"})
 
 
+def fit_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
+    """The share of a persistent GEMM tile's time a product narrower than the tile saves
+    (roofline._narrow_tile_share): one-stage GEMMs of N = 8 and 64, each on its increment over
+    the same kind, M, K, SMs and tile rows at N = 128 (its reference, measured beside it)."""
+    def key(r):
+        m, n, k = r["dims"]
+        return (r["kind"], m, k, json.dumps(r["sms"]), r.get("tile_rows", 128))
+    full = {key(r): r for r in rows if r["dims"][1] >= 128}
+    narrow = [r for r in rows if r["dims"][1] < 128 and key(r) in full]
+    if not narrow:
+        raise ValueError("no narrow GEMM beside the same GEMM a full tile wide")
+    meas = np.array([r["time_s"] for r in narrow], float)
+
+    def time_of(sp, r):
+        return one_stage_time(sp, r["kind"], r["dims"], r["sms"], rows=r.get("tile_rows", 128))
+
+    def resid(x):
+        sp = spec.model_copy(update={"persistent_narrow_tile_saving": float(x[0])})
+        return np.array([time_of(sp, r) - time_of(sp, full[key(r)]) + full[key(r)]["time_s"]
+                         for r in narrow]) / meas - 1
+    fit = least_squares(resid, [0.2], bounds=([0.0], [1.0]), diff_step=1e-3)
+    rel = resid(fit.x)
+    return {"persistent_narrow_tile_saving": float(fit.x[0]),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
+            "points": len(narrow), "fitted_on": "increments over the same GEMM with N = 128",
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}/{r.get('tile_rows', 128)}":
+                                  round(float(e), 3) for r, e in zip(narrow, rel)}}
+
+
 def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:
     """How much a row-op stage's stream slows as the chip loads: two-stage pipelines of a GEMM
     feeding a softmax through a ring (attention's scores), against the row op alone."""

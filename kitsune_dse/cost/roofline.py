@@ -147,9 +147,9 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
     used = _sms_streaming(work, s)
-    per_tile = per_tile + _tile_fixed(work, spec, used)
+    per_tile = (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
     compute = per_sm * per_tile
-    feed = per_sm * _operand_feed_s(work, spec) * np.maximum(used, work.feed_sms)
+    feed = per_sm * _fed_tile_s(work, spec, np.maximum(used, work.feed_sms))
     dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
@@ -312,8 +312,8 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
     busiest = float(busiest_sm_tiles(work, s, lone_share(work, spec)))
     used = max(float(_sms_streaming(work, s)), 1e-9)
-    compute = busiest * (per_tile + _tile_fixed(work, spec, used))
-    feed = busiest * _operand_feed_s(work, spec) * max(used, work.feed_sms)
+    compute = busiest * (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
+    feed = busiest * _fed_tile_s(work, spec, max(used, work.feed_sms))
     e = spec.efficiency
     p = e.hbm_saturation_exponent
     dram = l2 = reads = 0.0
@@ -359,6 +359,20 @@ def _tensor_rate(work: KernelWork, spec: HwSpec) -> float:
     return r
 
 
+def _fed_tile_s(work: KernelWork, spec: HwSpec, loading_sms):
+    """A persistent GEMM tile's time when the operand feed bounds it: its A and B slices loaded
+    while `loading_sms` SMs load at once, then its epilogue's SIMT math, which the team does
+    after its main loop and so does not hide under the next tile's loads
+    (`bench/epilogue_probe.py`: a GELU added 10.5 us to the feed-bound 16384 x 768 x 3072 and
+    nothing when priced under the feed)."""
+    feed = _operand_feed_s(work, spec)
+    if not feed:
+        return 0.0 * loading_sms
+    simt = work.simt_flops / max(1, work.tiles) / spec.simt_rate_per_sm(work.dtype) \
+        if work.simt_flops else 0.0
+    return feed * loading_sms + simt
+
+
 def _operand_feed_s(work: KernelWork, spec: HwSpec) -> float:
     """Seconds one output tile of a persistent GEMM step takes to load its A and B slices
     from L2 when every SM in use loads at once and they share the calibrated L2 feed
@@ -373,6 +387,19 @@ def _operand_feed_s(work: KernelWork, spec: HwSpec) -> float:
     tile_bytes = tile_flops * (1.0 / bm + 1.0 / bn) * 0.5 \
         * DTYPE_BYTES.get(work.dtype, 2)
     return tile_bytes / spec.persistent_gemm_l2_Bps
+
+
+def _narrow_tile_share(work: KernelWork, spec: HwSpec) -> float:
+    """A persistent GEMM tile's time where its product is narrower than the tile (a head:
+    NeRF's sigma and rgb, N = 1 and 3 padded to 8), over a full tile's: its MMAs still run every
+    column, its B loads and epilogue only the valid ones. One-stage kernels (calibration label
+    'gemm narrow N'): N = 8 took 0.73-0.87 of N = 128's time, N = 64 0.85."""
+    saving = spec.persistent_narrow_tile_saving
+    if not (saving and work.persistent and work.gemm_n and work.tile_shape):
+        return 1.0
+    bn = work.tile_shape[1]
+    valid = min(bn, -(-work.gemm_n // 8) * 8)
+    return 1.0 - saving * (1.0 - valid / bn)
 
 
 def _tile_padding(work: KernelWork, spec: HwSpec) -> float:

@@ -231,6 +231,13 @@ class HwSpec(_Strict):
     epilogue_vector_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # the same per 128 columns and vector it reads
                                                 # (a bias; calibrated on GEMMs with and without)
+    persistent_narrow_tile_saving: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+                                                # share of a persistent GEMM tile's time (math and
+                                                # fixed cost) a product narrower than the tile
+                                                # saves per share of the tile's columns it leaves
+                                                # empty: no B loads or epilogue for them, only the
+                                                # MMAs (calibrated on one-stage GEMMs N = 8 / 64
+                                                # against N = 128)
     transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # SIMT FLOP-equivalents of one special-function
                                                 # evaluation (a GELU's tanh, a SiLU's exp) in a

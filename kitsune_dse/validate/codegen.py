@@ -20,9 +20,11 @@ GROUP_M = 8                 # row-blocks per rasterization group of a standalone
 
 
 def gemm_cfg(bm: int, bn: int, nb: int, bk: int = GEMM_BK, stages: int = GEMM_STAGES,
-             tb: bool = False) -> dict:
+             tb: bool = False, cols: int = 0) -> dict:
     """The GemmCfg<> constants of gemm.cuh, computed here for shared-memory sizing. tb: B is
-    stored transposed ([N, K] row-major; staged as BN rows of BK + 8)."""
+    stored transposed ([N, K] row-major; staged as BN rows of BK + 8). cols: the product's
+    (physical) width; narrower than the tile, its epilogue spreads only the tile's valid
+    8-column vectors over the threads (NV)."""
     wm = bm // 2
     a_ld = bk + 8
     b_stage = bn * (bk + 8) if tb else bk * (bn + 8)
@@ -30,6 +32,9 @@ def gemm_cfg(bm: int, bn: int, nb: int, bk: int = GEMM_BK, stages: int = GEMM_ST
     pipe = stages * stage * 2
     stage_c = wm * (bn + 8) * 4 * nb
     typ = f"GemmCfg<{bm}, {bn}, {bk}, {stages}, {nb}, true>" if tb else f"GemmCfg<{bm}, {bn}, {bk}, {stages}, {nb}>"
+    nv = -(-cols // 8)
+    if 0 < nv < bn // 8:    # (wider products keep the type they had: the same kernel source)
+        typ = f"GemmCfg<{bm}, {bn}, {bk}, {stages}, {nb}, {'true' if tb else 'false'}, {nv}>"
     return {"BM": bm, "BN": bn, "BK": bk, "STAGES": stages, "NB": nb, "TB": tb,
             "SMEM_BYTES": max(pipe, stage_c), "type": typ}
 
@@ -286,7 +291,7 @@ def standalone_source(reg: Region, groups: list[Group], bufs: BufTable, sm_count
         if grp.kind == "gemm":
             tl = choose_gemm_tile(grp, sm_count)
             bm, bn, bk, splits = tl["bm"], tl["bn"], tl["bk"], tl["splits"]
-            cfg = gemm_cfg(bm, bn, grp.nb, bk, tl["stages"], grp.tb)
+            cfg = gemm_cfg(bm, bn, grp.nb, bk, tl["stages"], grp.tb, grp.cols)
             m, n, k = grp.rows, grp.cols, grp.k
             if grp.batch > 1 and grp.mper % bm:
                 raise KitsuneError(f"group {grp.ops}: {grp.mper} rows per batch is not a multiple of the tile's {bm}")
@@ -411,8 +416,8 @@ TEAMS = 2                   # default teams (256 threads each) per CTA of the pe
 def pipeline_gemm_cfg(layout: PipelineLayout, st: Step) -> dict:
     """GEMM tile of a pipeline step: BK 64 x 3 stages (one product), BK 32 x 4 (dual)."""
     if st.group.nb == 1:
-        return gemm_cfg(layout.bm, st.bn, 1, 64, 3, st.group.tb)
-    return gemm_cfg(layout.bm, st.bn, st.group.nb, 32, 4, st.group.tb)
+        return gemm_cfg(layout.bm, st.bn, 1, 64, 3, st.group.tb, st.group.cols)
+    return gemm_cfg(layout.bm, st.bn, st.group.nb, 32, 4, st.group.tb, st.group.cols)
 
 
 def pipeline_smem(layout: PipelineLayout) -> int:

@@ -11,10 +11,15 @@
 
 // TB_: B is stored transposed, [N x K] row-major (a bmm with trans_b: Q K^T); it is staged as BN
 // rows of BK (+8) and read with ldmatrix without .trans.
-template <int BM_, int BN_, int BK_, int STAGES_, int NB_, bool TB_ = false>
+// NV_: a product narrower than the tile (nerf's rgb_fc, N = 3 padded to 8) stores only NV_
+// 8-column vectors a row; its epilogue spreads those over the threads, where the tile's BN / 8 a
+// row left 15 of 16 threads idle and the rest applying 64 sigmoids each in turn (30 us of 53 on
+// rgb_fc: bench/narrow_gemm_probe.py).
+template <int BM_, int BN_, int BK_, int STAGES_, int NB_, bool TB_ = false, int NV_ = 0>
 struct GemmCfg {
     static constexpr int BM = BM_, BN = BN_, BK = BK_, STAGES = STAGES_, NB = NB_;
     static constexpr bool TB = TB_;
+    static constexpr int NV = NV_ > 0 ? NV_ : BN_ / 8;          // 8-column vectors a row stores
     static constexpr int THREADS = 256;
     static constexpr int WM = BM / 2, WN = BN / 4;
     static constexpr int MI = WM / 16, NI = WN / 8;
@@ -161,9 +166,9 @@ KDSE_INLINE void gemm_tile(const elem_t* __restrict__ A, int lda, int rows_valid
                         }
         }
         team_sync(tm);
-        constexpr int VEC = WM * BN / 8;
+        constexpr int VEC = WM * Cfg::NV;
         for (int e = tid; e < VEC; e += Cfg::THREADS) {
-            const int r = e / (BN / 8), c = (e % (BN / 8)) * 8;
+            const int r = e / Cfg::NV, c = (e % Cfg::NV) * 8;
             const int row = half * WM + r, col = n0 + c;
             if (row < rows_valid && col < N) {
                 float v[NB][8];
