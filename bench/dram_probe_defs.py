@@ -29,6 +29,7 @@ NERF4 = [["fc1", "relu1", "fc2", "relu2", "fc3", "relu3"],
          ["fc4", "relu4", "fc5", "relu5", "skip_concat"],
          ["fc6", "relu6", "fc7", "relu7", "fc8", "relu8"],
          ["sigma_fc", "sigma_relu", "feature_fc", "dir_concat", "view_fc", "view_relu", "rgb_fc", "rgb_sigmoid"]]
+NERF_ALL = [o for st in NERF4 for o in st]
 
 
 def _bsp(ops):
@@ -41,6 +42,12 @@ def _fused(ops):
 
 def _one(ops, sms, rows=128):
     return _pipe([list(ops)], [sms], rows, [], [])
+
+
+def _window(all_ops, ops, region):
+    """A plan of all_ops: `region` over the window `ops`, the ops before and after it as bsp."""
+    i, j = all_ops.index(ops[0]), all_ops.index(ops[-1]) + 1
+    return [_bsp(all_ops[:i])] * (i > 0) + [region] + [_bsp(all_ops[j:])] * (j < len(all_ops))
 
 
 # name -> (model, regions): the probed region is the pipeline one; the rest run as bsp
@@ -102,6 +109,27 @@ PROBES = {
     "wbx-chain12-o8-p1-r256": ((CHAIN12, {"out": 8}), [_one(CHAIN12_OPS, 132, 256)]),
     "wbx-nerf-a64-p1-r2048": (("nerf-mlp", {"rays": 2048, "xyz_enc": 64, "dir_enc": 64}),
                               [_one([o for s in NERF4 for o in s], 132, 2048)]),
+    # twenty-first session: NeRF's four-stage pipelines over the number of rays (the same
+    # footprint, more row-blocks): does the write-back grow with the rows it passes?
+    **{f"wbz-nerf-p4-d4-row-rays{n}": (("nerf-mlp", {"rays": n}),
+                                       [_pipe(NERF4, [33, 33, 33, 33], 1024, [4, 4, 4], ["row"] * 3)])
+       for n in (1024, 3072, 6144)},
+    **{f"wbz-nerf-p4-d2-splitk-rays{n}": (("nerf-mlp", {"rays": n}),
+                                          [_pipe(NERF4, [30, 36, 36, 30], 2048, [2, 2, 2], ["split_k"] * 3)])
+       for n in (1024, 3072)},
+    "wbz-nerf-p1-rays3072": (("nerf-mlp", {"rays": 3072}), [_one([o for s in NERF4 for o in s], 132, 2048)]),
+    # latency (--run): each of NeRF's four stages alone on the SMs the four-stage pipelines
+    # give it (the suite's hand pipelines' stage periods were 16-21% under their model)
+    **{f"lat-nerf-s{j}-p1x{s}": (NERF_HALF, [_bsp([o for st in NERF4[:j] for o in st])] * (j > 0)
+                                  + [_one(NERF4[j], s, 1024)]
+                                  + [_bsp([o for st in NERF4[j + 1:] for o in st])] * (j < 3))
+       for j in range(4) for s in (33, 66)},
+    # and the two stages the model missed most (s1, s3) cut into their parts: GEMM steps,
+    # concatenations, heads
+    **{f"lat-nerf-{name}-p1x{s}": (NERF_HALF, _window(NERF_ALL, ops, _one(ops, s, 1024)))
+       for name, ops in (("s1a", NERF4[1][:4]), ("s1b", NERF4[1][4:]), ("s3a", NERF4[3][:3]),
+                         ("s3b", NERF4[3][3:4]), ("s3c", NERF4[3][4:]), ("s3bc", NERF4[3][3:]))
+       for s in (33, 66)},
     # fourteenth session: two weight-streaming GEMM stages beside each other (gpt3 t64's
     # explorer-5 measured 1,158 us against 1,048: its consumer's tail). fc1 | fc2 through a
     # split_k queue at several SM splits, and each GEMM alone on the same SM counts

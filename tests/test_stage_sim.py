@@ -148,13 +148,15 @@ def _dense_schedule(shape, tau, workers, sync_s):
             active = (c < Wc) & (i0 < n)
             cnt = active * ((n - 1 - i0) // Wc + 1)
             ready = np.zeros(n_s)
-            if k > 0:
-                ready = done[rb, k - 1] + sync_s
+            after = shape.after[k] if shape.after else k - 1
+            reader = shape.reader[k] if shape.reader else (k + 1 if k + 1 < K else -1)
+            if after >= 0:
+                ready = done[rb, after] + sync_s
             elif rb >= look:
                 ready = done[rb - look, K - 1] + sync_s
             slots = shape.slots[k]
-            if slots and k + 1 < K and rb >= slots:
-                ready = np.maximum(ready, done[rb - slots, k + 1] + sync_s)
+            if slots and reader > k and rb >= slots:
+                ready = np.maximum(ready, done[rb - slots, reader] + sync_s)
             end = np.maximum(free, ready[:, None]) + cnt * tau[k][:, None]
             free = np.where(active, end, free)
             done[rb, k] = np.max(np.where(active, end, -np.inf), axis=1)
@@ -165,13 +167,20 @@ def _dense_schedule(shape, tau, workers, sync_s):
 @given(items=st.lists(st.integers(1, 300), min_size=1, max_size=5), rbs=st.integers(1, 160),
        workers=st.lists(st.integers(1, 280), min_size=1, max_size=6), look=st.integers(1, 20),
        slots=st.lists(st.integers(0, 4), min_size=5, max_size=5), seed=st.integers(0, 99),
-       sync=st.sampled_from([0.0, 1e-6, 3.7e-7]))
+       sync=st.sampled_from([0.0, 1e-6, 3.7e-7]), links=st.booleans())
 def test_the_sparse_replay_equals_the_dense_one_bit_for_bit(items, rbs, workers, look, slots,
-                                                            seed, sync):
+                                                            seed, sync, links):
     # only the workers holding items are replayed: every finish time must stay the same double
+    # (links: steps that read an earlier step other than the one before, or only the stage's
+    # input, and rings whose slots a later step frees, or none)
     from kitsune_dse.cost import stage_sim
     K = len(items)
-    shape = StageShape(tuple(items), rbs, look, tuple(slots[:K]))
+    after = reader = ()
+    if links:
+        rng = np.random.default_rng(seed + 1000)
+        after = tuple(int(rng.integers(-1, k)) if k else -1 for k in range(K))
+        reader = tuple(int(rng.choice([-1, *range(k + 1, K)])) for k in range(K))
+    shape = StageShape(tuple(items), rbs, look, tuple(slots[:K]), after=after, reader=reader)
     w = np.array(workers, dtype=np.int64)
     tau = np.random.default_rng(seed).uniform(1e-7, 1e-4, (K, len(w)))
     done = _dense_schedule(shape, tau, w, sync)
@@ -222,6 +231,52 @@ def test_the_input_slot_frees_when_its_reader_is_done():
     tau = np.ones((2, 1))
     assert makespan(last, tau, np.array([8]), 0.0).tolist() == [8.0]
     assert makespan(first, tau, np.array([8]), 0.0).tolist() == [5.0]
+
+
+def test_a_step_that_reads_only_the_stage_input_runs_beside_the_one_before_it():
+    # two steps of one item, 1 s each, 4 row-blocks, 8 workers, rings of 4 row-blocks, no
+    # hand-off latency. As a chain, each row-block's step 1 waits for its step 0: 2 s. Step 1
+    # reading only the stage's input (nerf's feature_fc beside the sigma head) runs once its
+    # worker is free, which for the one worker of a row-block is after its step 0 all the same;
+    # but step 0 writing only the stage's outputs never waits for a slot: with rings of one
+    # row-block the chain runs them one after another (8 s), apart they run side by side (2 s)
+    for slots, chained in (((4, 4), 2.0), ((1, 1), 8.0)):
+        chain = StageShape(items=(1, 1), row_blocks=4, lookahead=4, slots=slots)
+        apart = StageShape(items=(1, 1), row_blocks=4, lookahead=4, slots=slots, after=(-1, -1),
+                           reader=(-1, -1))
+        tau = np.ones((2, 2))
+        assert makespan(chain, tau, np.array([8, 1]), 0.0).tolist() == [chained, 8.0]
+        assert makespan(apart, tau, np.array([8, 1]), 0.0).tolist() == [2.0, 8.0]
+
+
+def test_a_slot_frees_when_the_last_step_reading_it_is_done():
+    # three steps of one item, 1 s each, 4 row-blocks, 8 workers (row-block r on worker r),
+    # step 0's ring holds one row-block. Chain: step 0 of r waits for step 1 of r - 1, r's steps
+    # run in [2r, 2r + 3]: 9 s. Steps 1 and 2 both reading step 0: its slot frees when step 2
+    # is done, r's steps run in [3r, 3r + 3]: 12 s
+    chain = StageShape(items=(1, 1, 1), row_blocks=4, lookahead=4, slots=(1, 4, 4))
+    both = StageShape(items=(1, 1, 1), row_blocks=4, lookahead=4, slots=(1, 4, 4), after=(-1, 0, 0),
+                      reader=(2, -1, -1))
+    tau = np.ones((3, 1))
+    assert makespan(chain, tau, np.array([8]), 0.0).tolist() == [9.0]
+    assert makespan(both, tau, np.array([8]), 0.0).tolist() == [12.0]
+
+
+def test_nerfs_head_stage_knows_which_steps_read_which():
+    # sigma_fc + relu and feature_fc both read the stage's input; dir_concat reads feature_fc,
+    # view_fc its concat, rgb_fc the view layer; the sigma head leaves the stage
+    from kitsune_dse.cost.pipeline import _stage_works_core
+    g = load_model("nerf-mlp", {"rays": 64})
+    spec = load_spec("hw_specs/h100-sxm.calibrated.yaml")
+    head = ["sigma_fc", "sigma_relu", "feature_fc", "dir_concat", "view_fc", "view_relu", "rgb_fc",
+            "rgb_sigmoid"]
+    body = [o.name for o in g.ops if o.name not in head]
+    region = Region.of(g, body + head)
+    c = PipelineChoice(stages=(tuple(body), tuple(head)), sms=(66, 66), tile_rows=1024, depths=(4,),
+                       modes=("row",))
+    shape = _stage_works_core(region, spec, plan_stages(region, spec, c)).shapes[1]
+    assert shape.after == (-1, -1, 1, 2, 3)
+    assert shape.reader == (-1, 2, 3, 4, -1)
 
 
 DLRM = load_model("dlrm-top-mlp")

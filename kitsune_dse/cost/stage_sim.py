@@ -4,10 +4,12 @@ The persistent runtime gives a stage `workers` workers (two 256-thread teams per
 walks the stage's row-blocks in order and, inside a row-block, the stage's steps in order; of the
 n_k items (output tiles) of step k in row-block rb it takes those whose index i satisfies
 (rb * n_k + i) = its own index (mod workers), so the items of consecutive row-blocks rotate over
-the workers. Before its first item of (rb, k) a worker waits until every item of (rb, k-1) is
-done (a step reads its predecessor's whole row-block) and, where step k's output ring holds
-`slots` row-blocks, until step k+1 has finished row-block rb - slots. Its items then run back to
-back, `tau[k]` seconds each. A stage whose steps are dependent therefore works on only a few
+the workers. Before its first item of (rb, k) a worker waits for the rings step k reads: until
+every item of (rb, j) is done for the step j before it whose output it reads (usually k-1; a step
+that reads only the stage's input waits for that alone, as step 0 does: `StageShape.after`) and,
+where step k's output ring holds `slots` row-blocks, until the last step reading that ring
+(usually k+1: `StageShape.reader`; none where only the stage's outputs read it) has finished
+row-block rb - slots. Its items then run back to back, `tau[k]` seconds each. A stage whose steps are dependent therefore works on only a few
 row-blocks at once: a one-stage kernel of two GEMMs of 48 and 96 column tiles per 128-row block on
 132 SMs keeps far fewer than its 264 workers busy (measured: 2.9x the all-row-blocks-at-once
 estimate, validate/NOTES.md).
@@ -51,6 +53,13 @@ class StageShape:
     release_step: int = -1        # the last step that reads the stage's input ring: its slot of a
                                   # row-block is free once that step is done with it (-1: the
                                   # stage's last step)
+    after: tuple[int, ...] = ()   # per step, the last earlier step whose row-block it reads (-1:
+                                  # none, it reads only the stage's input: nerf's feature_fc
+                                  # beside sigma_fc); () the step before each
+    reader: tuple[int, ...] = ()  # per step, the last later step that reads its output ring (its
+                                  # slot of a row-block is free once that step is done with it;
+                                  # -1: none, the step writes only the stage's outputs and never
+                                  # waits for a slot: nerf's sigma head); () the step after each
 
 
 _CACHE: dict = {}
@@ -91,7 +100,7 @@ def makespans(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray]:
     for key, (shape, _, _) in todo.items():
         rs = min(max(1, int(shape.row_blocks)), SIM_ROW_BLOCKS)
         widths = tuple(max(4, 1 << (min(n, W) - 1).bit_length()) for n in shape.items)
-        groups.setdefault((rs, widths), []).append(key)
+        groups.setdefault((rs, widths, shape.after, shape.reader), []).append(key)
     for members in groups.values():
         for key, out in zip(members, _simulate_batch([todo[k] for k in members], workers,
                                                      float(sync_s))):
@@ -147,6 +156,9 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
     same_look = bool((look == look[0]).all() and (rel == rel[0]).all())
     back = -look * K * n + rel * n + row_ids
     step_sync = [j[2] or (sync_s,) * K for j in jobs]
+    # (one per batch: makespans groups by them)
+    waits_on = shapes[0].after or tuple(range(-1, K - 1))
+    freed_by = shapes[0].reader or tuple(range(1, K)) + (-1,)
     # of step k's n items in row-block rb, worker (rb * n + i) mod w takes items i, i + w, ...:
     # only the min(n, w) workers with an item are touched (a few of the stage's workers), and
     # which ones and how long they run is known before the replay
@@ -183,26 +195,27 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
         if (sync_k == sync_k[0]).all():
             sync_k = float(sync_k[0])
         slot = None
-        if k + 1 < K:
+        if k + 1 < K and freed_by[k] > k:
+            r = freed_by[k]
             slots = _per_row([sh.slots[k] for sh in shapes], n_s, np.int64)
             late = _per_row([bool(sh.late_slot_wait[k]) if k < len(sh.late_slot_wait) else False
                              for sh in shapes], n_s, bool)
             if (slots > 0).any():
-                # row-block rb's wait reads done[rb - slots, k + 1] (flat: rb * K * n + at);
+                # row-block rb's wait reads done[rb - slots, r] (flat: rb * K * n + at);
                 # rows without such a wait (yet) read -inf
                 same = int(slots[0]) if (slots == slots[0]).all() else None
                 lo = int(slots[slots > 0].min())
                 hi = int(slots.max()) if (slots > 0).all() else Rs
-                at = -slots * K * n + (k + 1) * n + row_ids
+                at = -slots * K * n + r * n + row_ids
                 mask = ((slots > 0)[None, :] & (np.arange(hi)[:, None] >= slots[None, :]))
-                slot = (same, lo, hi, at, mask, late, bool(late.all()), bool((~late).all()))
+                slot = (same, lo, hi, at, mask, late, bool(late.all()), bool((~late).all()), r)
         steps.append((idx, busy, alone, sync_k, slot))
     zero = np.zeros(n)
     for rb in range(Rs):
         row = done[rb]
         for k, (idx, busy, alone, sync_k, slot) in enumerate(steps):
-            if k > 0:
-                ready = row[k - 1] + sync_k
+            if waits_on[k] >= 0:
+                ready = row[waits_on[k]] + sync_k
             elif same_look:
                 ready = done[rb - look[0], rel[0]] + sync_s if rb >= look[0] else zero
             else:       # each row reads done[rb - look, rel] of its own (flat: rb * K * n + back)
@@ -210,9 +223,9 @@ def _simulate_batch(jobs, workers: np.ndarray, sync_s: float) -> list[np.ndarray
                 ready = np.where(rb >= look, got, 0.0)
             before = after = None
             if slot is not None and rb >= slot[1]:
-                same, _, hi, at, mask, late, all_late, none_late = slot
+                same, _, hi, at, mask, late, all_late, none_late, r = slot
                 if same is not None:
-                    wait = done[rb - same, k + 1] + sync_s
+                    wait = done[rb - same, r] + sync_s
                 else:
                     wait = np.take(done_flat, rb * K * n + at, mode="wrap") + sync_s
                     if rb < hi:
