@@ -124,6 +124,12 @@ PROBES = {
                                   + [_one(NERF4[j], s, 1024)]
                                   + [_bsp([o for st in NERF4[j + 1:] for o in st])] * (j < 3))
        for j in range(4) for s in (33, 66)},
+    # NeRF's skip concat alone at the calibration's concat tile (128 rows), and with 64-column
+    # encodings at twice the rays (the calibration's concat262144x256x64)
+    **{f"lat-nerf-s1b-p1x66-r{r}": (NERF_HALF, _window(NERF_ALL, NERF4[1][4:], _one(NERF4[1][4:], 66, r)))
+       for r in (128, 256)},
+    "lat-nerf-s1b-p1x66-x64-rays4096": (("nerf-mlp", {"rays": 4096, "xyz_enc": 64}),
+                                        _window(NERF_ALL, NERF4[1][4:], _one(NERF4[1][4:], 66, 128))),
     # and the two stages the model missed most (s1, s3) cut into their parts: GEMM steps,
     # concatenations, heads
     **{f"lat-nerf-{name}-p1x{s}": (NERF_HALF, _window(NERF_ALL, ops, _one(ops, s, 1024)))

@@ -1,0 +1,74 @@
+"""Why one persistent concat kernel times 281 us in the calibration and 429 us in the validation
+path (issue 6 diagnostic, not fitted): the calibration's one-stage concat of [262144, 256] and
+[262144, 64] on 66 SMs (bench/calibrate_device.py pipe case `concat`) and NeRF's skip_concat of
+the same shape alone (bench/dram_probe.py lat-nerf-s1b-p1x66-x64-rays4096), whose generated
+kernels differ only in the order of the two inputs, each timed both ways: outputs poisoned
+before every run (the validation harness) or not (the calibration), L2 flushed either way.
+
+    device:  python3 bench/concat_context_probe.py --out $OUT     # -> concat_context.json
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+if (ROOT / "bench/.cubin_cache").is_dir():
+    os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
+
+PROBE = ROOT / "bench/dram_probe/lat-nerf-s1b-p1x66-x64-rays4096.json"
+
+
+def variants(info):
+    """(name, Region, variant) of the two kernels."""
+    from calibrate_device import pipe_region
+
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.harness import resolve_model_ref, whole_region
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.runtime import PipelineVariant, Tensors, make_variants
+    g, region = pipe_region("concat", (262144, 256, 64), 66, 128, 8)
+    reg = Region(g, region)
+    out = [("calibration concat", reg, PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0))]
+    plan = json.loads(PROBE.read_text())
+    graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
+    rd = next(r for r in plan["regions"] if r["strategy"] == "pipeline")
+    reg2 = Region(graph, rd, layouts=whole_region(graph))
+    out.append(("nerf skip_concat", reg2, make_variants(reg2, rd, Tensors(reg2), info, 1.0, ["plan"])[0]))
+    return out
+
+
+def main() -> None:
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import env_summary
+    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.runtime import gpu_info
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
+    ap.add_argument("--runs", type=int, default=20)
+    a = ap.parse_args()
+    info, _ = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = L2Flusher()
+    rows = []
+    with stream:
+        for name, reg, v in variants(info):
+            v.prepare()
+            for poison in (False, True, False):
+                t = time_runs(v.run, v.pre, v.after, stream, a.runs, 2, flush, poison_every=poison)
+                rows.append({"case": name, "poison_every": poison, "median_us": round(t.median_s * 1e6, 1),
+                             "p10_us": round(t.p10_s * 1e6, 1), "p90_us": round(t.p90_s * 1e6, 1)})
+                print(rows[-1], flush=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "concat_context.json").write_text(json.dumps({"env": env_summary(), "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
