@@ -586,3 +586,67 @@ def test_a_product_narrower_than_its_tile_gets_a_narrow_epilogue_and_wider_ones_
         assert gemm_cfg(128, 128, 1, 64, 3, False, cols)["type"] == "GemmCfg<128, 128, 64, 3, 1>"
     assert gemm_cfg(128, 64, 2, 32, 4, False, 64)["type"] == "GemmCfg<128, 64, 32, 4, 2>"
     assert gemm_cfg(128, 128, 1, 64, 3, False, 8)["SMEM_BYTES"] == gemm_cfg(128, 128, 1, 64, 3)["SMEM_BYTES"]
+
+
+def _nerf_stage_layout(stage_ops, sizes=None):
+    g = load_model("nerf-mlp", sizes or {"rays": 64})
+    ops = [o.name for o in g.ops]
+    region = {"id": 0, "strategy": "pipeline", "ops": stage_ops, "kernels": [stage_ops],
+              "stages": [{"id": 0, "ops": stage_ops, "sms": 66, "ctas": 66, "tile": {"rows": 128}}],
+              "queues": []}
+    assert all(o in ops for o in stage_ops)
+    reg = Region(g, region)
+    return reg, region, layout_pipeline(reg, region)
+
+
+def test_a_concats_items_never_straddle_two_inputs():
+    """NeRF's skip concat is [xyz encoding (60, laid out as 64) | a5 (256)]: 128-column items
+    would be [0, 128) (both inputs), [128, 256), [256, 320); split at the inputs' boundary they
+    are [0, 64), [64, 192), [192, 320): as many items, none branching between two inputs per
+    vector. The kernel runs those."""
+    from kitsune_dse.validate.lower import ew_chunks
+    reg, region, lay = _nerf_stage_layout(["skip_concat"])
+    st = lay.steps[0]
+    assert ew_chunks(st.group, st.bn) == [(0, 64), (64, 192), (192, 320)] == st.chunks
+    assert st.items == 3
+    src = codegen.pipeline_source(lay, codegen.BufTable())
+    assert "ew_tile(f, rows_valid, i == 0 ? 0 : i == 1 ? 64 : 192, i == 0 ? 64 : i == 1 ? 192 : 320, tm);" in src
+    # dir_concat [feature (256) | dir encoding (24)]: the boundary is a tile's: the plain form
+    reg, region, lay = _nerf_stage_layout(["dir_concat"])
+    st = lay.steps[0]
+    assert ew_chunks(st.group, st.bn) == [(0, 128), (128, 256), (256, 280)]
+    src = codegen.pipeline_source(lay, codegen.BufTable())
+    assert "ew_tile(f, rows_valid, i * 128, min(280, (i + 1) * 128), tm);" in src
+
+
+@pytest.mark.parametrize("plan, split", [("hand-p4x33-r1024-d4-row", True), ("hand-p4-r2048-d2-splitk", False)])
+def test_a_concat_handing_a_split_k_queue_over_keeps_its_plain_column_tiles(plan, split):
+    # its consumer reads slab i as columns [i bn, (i + 1) bn): the split would publish the wrong
+    # columns under a slab's flag (the suite's p4-r2048 plan computed wrong outputs with it)
+    root = Path(__file__).resolve().parents[1]
+    p = load_plan(root / "bench/suite/nerf-mlp/plans" / f"{plan}.json")
+    reg, region = _region(p)
+    st = next(s for s in layout_pipeline(reg, region).steps if s.group.cat and "skip_concat" in s.group.ops)
+    assert (st.chunks is not None) == split
+    assert st.items == 3
+
+
+def test_an_elementwise_steps_chunks_are_plain_column_tiles():
+    from types import SimpleNamespace
+
+    from kitsune_dse.validate.lower import ew_chunks
+    assert ew_chunks(SimpleNamespace(cat=[], cols=320), 128) == [(0, 128), (128, 256), (256, 320)]
+    assert ew_chunks(SimpleNamespace(cat=[], cols=64), 128) == [(0, 64)]
+    assert ew_chunks(SimpleNamespace(cat=[("a", 0, 200), ("b", 200, 24)], cols=224), 64) == [
+        (0, 64), (64, 128), (128, 192), (192, 200), (200, 224)]
+
+
+def test_the_models_concat_items_are_the_runtimes():
+    # cost.pipeline._atom_items prices the runtime's items of a concat step: one chunk list per
+    # input (validate.lower.ew_chunks), whatever the widths
+    from kitsune_dse.cost.pipeline import _atom_items
+    for sizes in ({"rays": 64}, {"rays": 64, "xyz_enc": 200, "dir_enc": 136}, {"rays": 64, "width": 384}):
+        g = load_model("nerf-mlp", sizes)
+        for op in ("skip_concat", "dir_concat"):
+            _, _, lay = _nerf_stage_layout([op], sizes)
+            assert _atom_items(g, (op,), 128, 1) == lay.steps[0].items, (sizes, op)

@@ -588,6 +588,8 @@ class Step:
     kper: int = 0                                   # GEMM: K per range (a multiple of the slab width)
     fix_off: int = 0                                # control words: per (slot, n-tile) partials done
     ws_slots: int = 0                               # row-blocks of fp32 partials in flight
+    chunks: list | None = None                      # ew: its items' column ranges, where not
+                                                    # plain bn-wide tiles (_split_concat_chunks)
 
 
 @dataclass
@@ -626,6 +628,30 @@ class PipelineLayout:
 
 
 CTRL_HEADER = 8
+
+
+def ew_chunks(g: Group, bn: int) -> list[tuple[int, int]]:
+    """The column ranges [c0, c1) of an elementwise step's items in a row-block: chunks of bn
+    columns; a concatenation's chunks never straddle two of its inputs (an item mixing two
+    inputs branches per vector: NeRF's [64 | 256] skip concat in 128-column items ran 431 us
+    where the same kernel with its inputs swapped, no item mixed, ran 282;
+    results/validation/h100/concat_context/)."""
+    spans = [(p0, p0 + w) for _, p0, w in g.cat] if g.cat else [(0, g.cols)]
+    return [(c, min(hi, c + bn)) for lo, hi in spans for c in range(lo, hi, bn)]
+
+
+def _split_concat_chunks(steps: list[Step], rings: list[Ring]) -> None:
+    """A concat step runs its inputs' own chunks (ew_chunks) where they are as many as its
+    plain column tiles (the items the cost model prices: NeRF's concats) and it hands no
+    split_k queue over, whose consumers read slab i as columns [i bn, (i + 1) bn)."""
+    for st in steps:
+        g = st.group
+        if g.kind != "ew" or not g.cat:
+            continue
+        slabs = any(any(m == "split_k" for _, m in rings[r].consumers) for r in st.out_rings.values())
+        chunks = ew_chunks(g, st.bn)
+        if not slabs and len(chunks) == st.items:
+            st.chunks = chunks
 
 
 def _tile_rows(stage_tiles: list[dict], rows: int, notes: list[str]) -> int:
@@ -799,6 +825,7 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
         if any(m == "split_k" for _, m in r.consumers):
             r.slab_off = off
             off += r.nslots * r.nslabs
+    _split_concat_chunks(steps, rings)
     for st in steps:
         if st.ksplit > 1:
             st.ws_slots = rings[st.split_k_ring].nslots
