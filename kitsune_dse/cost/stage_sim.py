@@ -9,10 +9,10 @@ every item of (rb, j) is done for the step j before it whose output it reads (us
 that reads only the stage's input waits for that alone, as step 0 does: `StageShape.after`) and,
 where step k's output ring holds `slots` row-blocks, until the last step reading that ring
 (usually k+1: `StageShape.reader`; none where only the stage's outputs read it) has finished
-row-block rb - slots. Its items then run back to back, `tau[k]` seconds each. A stage whose steps are dependent therefore works on only a few
-row-blocks at once: a one-stage kernel of two GEMMs of 48 and 96 column tiles per 128-row block on
-132 SMs keeps far fewer than its 264 workers busy (measured: 2.9x the all-row-blocks-at-once
-estimate, validate/NOTES.md).
+row-block rb - slots. Its items then run back to back, `tau[k]` seconds each. A stage whose
+steps are dependent therefore works on only a few row-blocks at once: a one-stage kernel of two
+GEMMs of 48 and 96 column tiles per 128-row block on 132 SMs keeps far fewer than its 264
+workers busy (measured: 2.9x the all-row-blocks-at-once estimate, validate/NOTES.md).
 
 `makespan` replays that schedule for many SM counts at once (arrays over [SM counts, workers]);
 beyond SIM_ROW_BLOCKS row-blocks the steady period of the second half of the simulated ones is

@@ -621,10 +621,9 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
             if not chunks or chunks == [(c, min(g.cols, c + st.bn)) for c in range(0, g.cols, st.bn)]:
                 L.append(f"            ew_tile(f, rows_valid, i * {st.bn}, min({g.cols}, (i + 1) * {st.bn}), tm);")
             else:       # a concatenation's chunks, split at its inputs' boundaries
-                c0 = " : ".join(f"i == {j} ? {a}" for j, (a, _) in enumerate(chunks[:-1])) + f" : {chunks[-1][0]}"
-                c1 = " : ".join(f"i == {j} ? {b}" for j, (_, b) in enumerate(chunks[:-1])) + f" : {chunks[-1][1]}"
-                L.append(f"            ew_tile(f, rows_valid, {c0 if len(chunks) > 1 else chunks[0][0]}, "
-                         f"{c1 if len(chunks) > 1 else chunks[0][1]}, tm);")
+                def pick(col):      # item i's column: a chain of selects over the few items
+                    return "".join(f"i == {j} ? {c[col]} : " for j, c in enumerate(chunks[:-1])) + str(chunks[-1][col])
+                L.append(f"            ew_tile(f, rows_valid, {pick(0)}, {pick(1)}, tm);")
         else:
             g_ = f"(const elem_t*)bufs[{bufs.idx(g.gamma)}]" if g.gamma else "nullptr"
             b_ = f"(const elem_t*)bufs[{bufs.idx(g.beta)}]" if g.beta else "nullptr"
