@@ -26,7 +26,7 @@ from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row
                                           ring_cycle_stream_bytes, streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
-from kitsune_dse.cost.region import Region, handed_over
+from kitsune_dse.cost.region import Region, handed_over, view_base
 from kitsune_dse.cost.reuse import dirty_residue
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
@@ -730,22 +730,10 @@ def _step_links(g, atoms) -> tuple[tuple[int, ...], tuple[int, ...]]:
     33 SMs, bench/dram_probe.py lat-nerf-s3a, ran in 455 us where the chain gave 2,293). Each ()
     where it is the usual chain (every step reads the one before it)."""
     step_of = {o: k for k, atom in enumerate(atoms) for o in atom}
-
-    def source(t):      # the step writing tensor t (views followed to what they alias), or None
-        seen = 0
-        while t is not None and seen < 64:
-            op = g.producer(t)
-            if op is None:
-                return None
-            if op in step_of:
-                return step_of[op]
-            info = g.op(op)
-            t = info.inputs[0] if info.info.is_view and info.inputs else None
-            seen += 1
-        return None
     K = len(atoms)
-    reads = [{j for j in (source(t) for o in atom for t in g.op(o).inputs) if j is not None and j < k}
-             for k, atom in enumerate(atoms)]
+    # (the step writing the memory a tensor views, if any)
+    reads = [{j for j in (step_of.get(g.producer(view_base(g, t))) for o in atom for t in g.op(o).inputs)
+              if j is not None and j < k} for k, atom in enumerate(atoms)]
     after = [max(r, default=-1) for r in reads]
     reader = [max((c for c in range(K) if k in reads[c]), default=-1) for k in range(K)]
     chain = after == list(range(-1, K - 1)) and reader == list(range(1, K)) + [-1]
