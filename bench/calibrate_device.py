@@ -798,6 +798,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"]["persistent_tensor_core"] = pf["persistent_tensor_core"]
             data["efficiency"]["mem_compute_overlap"] = pf["mem_compute_overlap"]
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
+            data["efficiency"]["persistent_a_stream_share"] = pf["persistent_a_stream_share"]
+            data["persistent_a_stream_fill_s"] = pf["a_stream_fill_s"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
         if sp is harness:   # one spec field each, fitted through the model in this order
             for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[:3]:

@@ -116,18 +116,22 @@ def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():
     from kitsune_dse.calibrate.fit import fit_persistent_gemm, persistent_gemm_time
     base = load_spec("h100-sxm")
     truth = base.model_copy(update={
-        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9,
+        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9, "persistent_a_stream_fill_s": 5e-6,
         "efficiency": base.efficiency.model_copy(update={
-            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7})})
+            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7,
+            "persistent_a_stream_share": 0.45})})
     cases = [((4096, 4096, 4096), s) for s in (8, 33, 66, 132)] + [
         ((16384, 1024, 256), 132), ((65536, 128, 1024), 132), ((64, 49152, 12288), 132),
-        ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132)]
+        ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132),
+        ((65536, 128, 256), 132), ((65536, 128, 4096), 132), ((262144, 8, 256), 132)]
     rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s)} for d, s in cases]
     fit = fit_persistent_gemm(base, rows)
     assert fit["rms_rel_error"] < 2e-3
     assert fit["persistent_tensor_core"] == pytest.approx(0.4, rel=0.02)
     assert fit["tile_fixed_s"] == pytest.approx(3e-6, rel=0.1)
     assert fit["persistent_gemm_hbm"] == pytest.approx(0.7, rel=0.05)
+    assert fit["persistent_a_stream_share"] == pytest.approx(0.45, rel=0.05)
+    assert fit["a_stream_fill_s"] == pytest.approx(5e-6, abs=1.5e-6)
 
 
 def test_persistent_gemm_fit_finds_the_operand_feed():
@@ -136,12 +140,15 @@ def test_persistent_gemm_fit_finds_the_operand_feed():
     base = load_spec("h100-sxm")
     truth = base.model_copy(update={
         "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9, "persistent_gemm_l2_Bps": 4e12,
+        "persistent_a_stream_fill_s": 4e-6,
         "efficiency": base.efficiency.model_copy(update={
-            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7})})
+            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7,
+            "persistent_a_stream_share": 0.6})})
     cases = [((4096, 4096, 4096), s, 128) for s in (8, 33, 66, 99, 132)] + [
         ((4096, 4096, 4096), 132, 64), ((4096, 4096, 4096), 33, 64), ((16384, 1024, 256), 132, 128),
         ((65536, 128, 1024), 132, 128), ((64, 49152, 12288), 132, 64), ((64, 49152, 12288), 33, 128),
-        ((2048, 6144, 12288), 132, 128), ((2048, 6144, 12288), 66, 128)]
+        ((2048, 6144, 12288), 132, 128), ((2048, 6144, 12288), 66, 128),
+        ((65536, 128, 256), 132, 128), ((65536, 128, 4096), 132, 128)]
     rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s, rows=r),
              **({"tile_rows": r} if r != 128 else {})} for d, s, r in cases]
     fit = fit_persistent_gemm(base, rows)
@@ -158,6 +165,8 @@ def test_the_committed_harness_spec_carries_the_persistent_gemm_fit():
     assert sp.persistent_gemm_sm_stream_Bps == pytest.approx(fit["sm_stream_Bps"])
     assert sp.efficiency.persistent_gemm_hbm == pytest.approx(fit["persistent_gemm_hbm"])
     assert sp.persistent_gemm_l2_Bps == pytest.approx(fit["operand_l2_Bps"])
+    assert sp.efficiency.persistent_a_stream_share == pytest.approx(fit["persistent_a_stream_share"])
+    assert sp.persistent_a_stream_fill_s == pytest.approx(fit["a_stream_fill_s"])
 
 
 def test_tile_handoff_fit_recovers_the_constants_it_was_made_from():

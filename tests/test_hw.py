@@ -58,7 +58,7 @@ def test_spec_loads_and_is_sane(name):
                                     "transcendental_flops", "persistent_row_load_slowdown", "epilogue_input_s", "epilogue_vector_s",
                                         "persistent_narrow_tile_saving",
                                     "region_boundary_hidden_s", "local_frame_step_bytes",
-                                    "local_frame_concat_bytes")
+                                    "local_frame_concat_bytes", "persistent_a_stream_fill_s")
             assert (v >= 0 if zero_ok else v > 0) and math.isfinite(v), field
     assert s.tensor_peak_flop_per_s.get("fp16", 0) > 0
     assert s.simt_peak_flop_per_s.get("fp32", 0) > 0

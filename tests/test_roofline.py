@@ -429,3 +429,52 @@ def test_a_gemm_main_loop_pays_whole_k_slabs_by_hand():
     c = kernel_time(split, slab, 132, parts=True)[1]["compute_s"]
     c0 = kernel_time(split, H100, 132, parts=True)[1]["compute_s"]
     assert c == pytest.approx(c0 * 192 / 140, rel=1e-12)
+
+
+def test_a_persistent_gemm_streaming_its_a_operand_is_floored_by_the_a_stream_by_hand():
+    """The A operand read from DRAM slab by slab streams at its own share of the step's ceiling:
+    the step cannot end before those bytes are in, plus the stream's fill (pro rata of the
+    record's part of the stream). Below the floor the step keeps its own time."""
+    sp = H100.model_copy(update={
+        "gemm_tile_fixed_s": 1e-6, "persistent_gemm_sm_stream_Bps": 200e9, "persistent_a_stream_fill_s": 4e-6,
+        "efficiency": H100.efficiency.model_copy(update={"mem_compute_overlap": 0.7, "persistent_gemm_hbm": 0.9,
+                                                         "persistent_a_stream_share": 0.5})})
+    p = H100.efficiency.hbm_saturation_exponent
+    a = 134e6
+    step = KernelWork("pv", "fp16", tensor_flops=2 * 65536 * 128 * 1024, dram_read_bytes=a + 0.26e6,
+                      tiles=512, ctas_per_sm=2, tile_shape=(128, 128), persistent=True, gemm_k=1024,
+                      gemm_n=128, a_stream_bytes=a)
+    bw_a = ((132 * 200e9) ** -p + (0.9 * 0.5 * H100.hbm_bandwidth_Bps) ** -p) ** (-1 / p)
+    floor = a / bw_a + 4e-6
+    plain = replace(step, a_stream_bytes=0.0)
+    assert kernel_time(plain, sp, 132) < floor           # the floor binds here ...
+    assert kernel_time(step, sp, 132) == pytest.approx(floor, rel=1e-12)
+    assert kernel_time(step, sp, np.array([132.0]))[0] == pytest.approx(floor, rel=1e-12)
+    # ... not where the math is the longer (the same A under 16x the math)
+    heavy = replace(step, tensor_flops=16 * step.tensor_flops)
+    assert kernel_time(heavy, sp, 132) == pytest.approx(kernel_time(replace(heavy, a_stream_bytes=0.0), sp, 132))
+    # a quarter of the stream (one unit of four): a quarter of the bytes and of the fill
+    part = step.scaled(0.25, tiles=128)
+    assert part.a_stream_bytes == pytest.approx(a / 4) and part.a_stream_part == pytest.approx(0.25)
+    assert kernel_time(part, sp, 132) >= a / 4 / bw_a + 1e-6 - 1e-15
+    # no share, no floor
+    off = sp.model_copy(update={"efficiency": sp.efficiency.model_copy(update={"persistent_a_stream_share": 0.0})})
+    assert kernel_time(step, off, 132) == pytest.approx(kernel_time(plain, sp, 132))
+
+
+def test_a_one_stage_gemm_streams_its_a_from_dram_and_its_weights_are_not_counted_there():
+    from kitsune_dse.calibrate.fit import persistent_gemm_time
+    from kitsune_dse.cost.pipeline import PipelineChoice, plan_stages, stage_works
+    from kitsune_dse.validate.microbench import case_model
+    g, _ = case_model("matmul", "fp16", (65536, 128, 1024))
+    region = Region.of(g)
+    plan = plan_stages(region, H100, PipelineChoice((("mm",),), (132,), 128))
+    works, _ = stage_works(region, H100, plan)
+    (w,), = works
+    assert w.a_stream_bytes * plan.row_blocks / w.inflight == pytest.approx(65536 * 1024 * 2)
+    sp = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(
+        update={"persistent_a_stream_share": 0.3})})
+    # the floor slows this A-streaming step; a GEMM whose A is reused from L2 barely
+    assert persistent_gemm_time(sp, 65536, 128, 1024, 132) > 1.2 * persistent_gemm_time(H100, 65536, 128, 1024, 132)
+    assert persistent_gemm_time(sp, 4096, 4096, 4096, 132) == pytest.approx(
+        persistent_gemm_time(H100, 4096, 4096, 4096, 132))

@@ -227,7 +227,8 @@ def pipe_tile(tile_rows: int, stream_rows: int | None = None) -> tuple[int, int]
 
 def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
                k_streamed: bool = False, row_blocks: int = 1, inflight: int = 1,
-               tile_rows: int = 128, slabs: int = 1, reread: dict | None = None) -> KernelWork:
+               tile_rows: int = 128, slabs: int = 1, reread: dict | None = None,
+               a_dram: float = 0.0) -> KernelWork:
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
     workers interleave the items of every row-block its rings admit). A GEMM fed slab by slab
     through a split_k queue keeps every output tile of its row-block busy on each slab."""
@@ -244,7 +245,8 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
         return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
                           gemm_n=gd.n, gemm_k=gd.k, epilogue_inputs=epilogue_inputs,
-                          epilogue_vectors=epilogue_vectors,
+                          epilogue_vectors=epilogue_vectors, a_stream_bytes=a_dram / units * k,
+                          a_stream_part=min(1.0, k / units),
                           **rr)
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
@@ -492,7 +494,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
         works = []
         for k, atom in enumerate(atoms):
             aset = set(atom)
-            d_r = d_w = l2 = w_pass = 0.0
+            d_r = d_w = l2 = w_pass = a_dram = 0.0
             seen = set()
             for o in atom:
                 for t, b in g.op(o).info.read_bytes.items():
@@ -512,6 +514,8 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                         else:
                             d_r += b
                             inputs_read.add(t)
+                            if g.op(o).info.gemm is not None and t == g.op(o).inputs[0]:
+                                a_dram += b                # a GEMM's A, slab by slab from DRAM
                     elif p in sub.op_set:                          # from an earlier group of the stage
                         if b / units <= intra_budget:
                             l2 += b
@@ -555,7 +559,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                            "weight_share": spec.efficiency.l2_weight_share,
                            "weight_l2_hit": hit} if w_pass else None
             work = _atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
-                              k_inf, bm, slabs, reread_info)
+                              k_inf, bm, slabs, reread_info, a_dram)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
                 work = work.but(feed_sms=float(spec.sm_count))
             sk = _splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None
@@ -569,7 +573,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             if len(atoms) == 1:
                 single.append(work if k_inf == 1 else
                               replace(_atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
-                                                 1, bm, slabs, reread_info),
+                                                 1, bm, slabs, reread_info, a_dram),
                                       feed_sms=work.feed_sms))
                 splitk.append(sk)
         if len(atoms) > 1:

@@ -74,6 +74,10 @@ class KernelWork:
                                    # .streamed_weight_hit: the stages' streamed weights against L2)
     stream_share: float = 1.0      # standalone: the share of the streaming rate its occupancy
                                    # reaches (HwSpec.standalone_norm_stream_share)
+    a_stream_bytes: float = 0.0    # of dram_read_bytes: a persistent GEMM step's A operand, read
+                                   # from DRAM slab by slab (HwSpec.efficiency.persistent_a_stream_share)
+    a_stream_part: float = 1.0     # the share of the step's whole A stream this record covers (its
+                                   # fill and drain, persistent_a_stream_fill_s, go pro rata)
     deferred_write_bytes: float = 0.0  # of dram_write_bytes: still dirty in L2 when its region
                                    # ends (cost.reuse.dirty_residue), written after it (its
                                    # time still pays for them, as the next region would)
@@ -97,6 +101,7 @@ class KernelWork:
                        dram_read_bytes=self.dram_read_bytes * f,
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
                        deferred_write_bytes=self.deferred_write_bytes * f,
+                       a_stream_bytes=self.a_stream_bytes * f, a_stream_part=self.a_stream_part * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
 
@@ -170,6 +175,8 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
              if work.dram_bytes and _read_overlap_exponent(work, spec) else np.zeros_like(s))
     core = combine_core(work, spec, compute, dram, reads)
     lat = np.maximum(np.maximum(core, l2), feed) + ramp + per_sm * _epilogue_s(work, spec)
+    if _a_stream_share(work, spec):
+        lat = np.maximum(lat, _a_stream_floor(work, spec, used, per_sm))
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves, feed, reads = (float(x) for x in (lat, compute, dram, l2, waves,
                                                                           feed, reads))
@@ -177,6 +184,24 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
         return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves, "ramp_s": ramp,
                      "feed_s": feed, "read_s": reads}
     return lat
+
+
+def _a_stream_share(work: KernelWork, spec: HwSpec) -> float:
+    return spec.efficiency.persistent_a_stream_share if work.a_stream_bytes and work.persistent else 0.0
+
+
+def _a_stream_floor(work: KernelWork, spec: HwSpec, used, busiest):
+    """A persistent GEMM step that reads its A operand from DRAM slab by slab (128 rows of 128
+    bytes each: short row segments) cannot end before the chip has streamed those bytes at
+    the A stream's ceiling, a share of the step's own (efficiency.persistent_a_stream_share),
+    plus the stream's fill and drain (persistent_a_stream_fill_s: the first slabs of the first
+    tiles in, the last tiles' epilogues out). It binds where A is most of the step's traffic and
+    every SM streams it: one column tile on the whole chip (grid_2026-11-23: 1.2-1.9 TB/s
+    read by 65536 x 128 x K on 132 SMs)."""
+    share = _a_stream_share(work, spec)
+    cap = (_hbm_ceiling(work, spec) or spec.efficiency.hbm) * share
+    bw = spec.hbm_bandwidth_from(used, cap, _sm_stream(work, spec))
+    return work.a_stream_bytes / bw + spec.persistent_a_stream_fill_s * work.a_stream_part
 
 
 def combine_core(work: KernelWork, spec: HwSpec, compute, dram, reads):
@@ -340,8 +365,10 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         core = max((compute ** norm + reads ** norm) ** (1.0 / norm), dram)
     else:
         core = max(compute, dram) + (1.0 - _overlap(work, spec)) * min(compute, dram)
-    return max(core, l2, feed) + _ramp(work, spec) \
-        + busiest * _epilogue_s(work, spec)
+    lat = max(core, l2, feed) + _ramp(work, spec) + busiest * _epilogue_s(work, spec)
+    if _a_stream_share(work, spec):
+        lat = max(lat, float(_a_stream_floor(work, spec, used, busiest)))
+    return lat
 
 
 # Calibrated on the persistent runtime's GEMM steps (one-stage pipelines of several shapes): their

@@ -85,6 +85,10 @@ class Efficiency(_Strict):
     gemm_hbm: Frac | None = None  # standalone GEMM kernels' operand streaming over datasheet HBM
                                   # bandwidth (None: hbm; the tile's loads may not saturate DRAM)
     persistent_gemm_hbm: Frac | None = None  # the same for persistent GEMM steps (None: hbm)
+    persistent_a_stream_share: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+                                  # of that ceiling, what a persistent GEMM step's A operand read
+                                  # from DRAM slab by slab reaches: a floor on the step's time
+                                  # (0: none)
     persistent_lone_team: Annotated[float, Field(ge=0.5, le=1)] = 0.5  # a persistent GEMM tile
                                   # alone on its SM: its share of the SM's two-team rate (0.5:
                                   # no faster than beside the other team)
@@ -149,7 +153,7 @@ class Efficiency(_Strict):
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "gemm_k_tile", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "gemm_read_overlap_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm",
+                   "gemm_read_overlap_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_a_stream_share",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_inner_writeback_center", "l2_inner_writeback_width",
                    "l2_local_frame_share", "l2_resident_reread",
@@ -157,7 +161,7 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
-                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_lone_team",
+                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_a_stream_share", "persistent_lone_team",
                     "l2_weight_share", "producer_stream_share"}
 
 
@@ -203,6 +207,9 @@ class HwSpec(_Strict):
                                                 # the same on a quiet chip (few SMs loading):
                                                 # interpolated by the share of SMs in use
                                                 # (default gemm_tile_fixed_s at any load)
+    persistent_a_stream_fill_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # the A stream floor's fill and drain (roofline
+                                                # ._a_stream_floor)
     persistent_gemm_sm_stream_Bps: Pos | None = None  # DRAM operand bytes one SM's persistent
                                                 # GEMM tiles stream per second (latency-bound
                                                 # cp.async loads; default hbm_per_sm_bandwidth_Bps)
