@@ -176,7 +176,7 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     core = combine_core(work, spec, compute, dram, reads)
     lat = np.maximum(np.maximum(core, l2), feed) + ramp + per_sm * _epilogue_s(work, spec)
     if _a_stream_share(work, spec):
-        lat = np.maximum(lat, _a_stream_floor(work, spec, used, per_sm))
+        lat = np.maximum(lat, _a_stream_floor(work, spec, used))
     if np.ndim(sms) == 0:
         lat, compute, dram, l2, waves, feed, reads = (float(x) for x in (lat, compute, dram, l2, waves,
                                                                           feed, reads))
@@ -190,7 +190,7 @@ def _a_stream_share(work: KernelWork, spec: HwSpec) -> float:
     return spec.efficiency.persistent_a_stream_share if work.a_stream_bytes and work.persistent else 0.0
 
 
-def _a_stream_floor(work: KernelWork, spec: HwSpec, used, busiest):
+def _a_stream_floor(work: KernelWork, spec: HwSpec, used):
     """A persistent GEMM step that reads its A operand from DRAM slab by slab (128 rows of 128
     bytes each: short row segments) cannot end before the chip has streamed those bytes at
     the A stream's ceiling, a share of the step's own (efficiency.persistent_a_stream_share),
@@ -367,7 +367,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         core = max(compute, dram) + (1.0 - _overlap(work, spec)) * min(compute, dram)
     lat = max(core, l2, feed) + _ramp(work, spec) + busiest * _epilogue_s(work, spec)
     if _a_stream_share(work, spec):
-        lat = max(lat, float(_a_stream_floor(work, spec, used, busiest)))
+        lat = max(lat, float(_a_stream_floor(work, spec, used)))
     return lat
 
 
