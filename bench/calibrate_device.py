@@ -817,6 +817,13 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             nf = fit_standalone_norm(spec_from_dict(data, name), json.loads(rowop_json.read_text())["rows"])
             data["standalone_norm_stream_share"] = nf["standalone_norm_stream_share"]
             cal["standalone_norm_fit"] = {**nf, "measurements": str(rowop_json.relative_to(ROOT))}
+        narrow_json = ROOT / "results/validation/h100/narrow_probe/narrow_probe.json"
+        if sp is harness and narrow_json.exists():
+            # standalone GEMM kernels narrower than their tile (bench/narrow_probe.py)
+            from kitsune_dse.calibrate.fit import fit_standalone_narrow_tile
+            sn = fit_standalone_narrow_tile(spec_from_dict(data, name), json.loads(narrow_json.read_text())["rows"])
+            data["standalone_narrow_tile_saving"] = sn["standalone_narrow_tile_saving"]
+            cal["standalone_narrow_tile_fit"] = {**sn, "measurements": str(narrow_json.relative_to(ROOT))}
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:

@@ -218,7 +218,7 @@ def test_narrow_tile_share_by_hand_and_only_where_the_product_is_narrower():
     from dataclasses import replace
 
     from kitsune_dse.cost.roofline import KernelWork, _narrow_tile_share, kernel_time
-    sp = CAL.model_copy(update={"persistent_narrow_tile_saving": 0.24})
+    sp = CAL.model_copy(update={"persistent_narrow_tile_saving": 0.24, "standalone_narrow_tile_saving": 0.0})
     w = KernelWork("rgb", "fp16", tensor_flops=512 * 2 * 128 * 3 * 256, tiles=512, ctas_per_sm=2,
                    tile_shape=(128, 128), persistent=True, gemm_n=3, gemm_k=256)
     # N = 3 stores one 8-column vector of the tile's 16: 1 - 0.24 x 15/16
@@ -233,3 +233,40 @@ def test_narrow_tile_share_by_hand_and_only_where_the_product_is_narrower():
     none = sp.model_copy(update={"persistent_narrow_tile_saving": 0.0})
     assert kernel_time(w, sp, 33) < kernel_time(w, none, 33)
     assert kernel_time(w, sp, 33) >= (1 - 0.24 * 15 / 16) * kernel_time(w, none, 33)
+
+
+def test_standalone_narrow_tile_share_reads_its_own_field():
+    """A standalone GEMM kernel narrower than its tile saves by standalone_narrow_tile_saving,
+    a persistent step by persistent_narrow_tile_saving: each field moves its own runtime only."""
+    from dataclasses import replace
+
+    from kitsune_dse.cost.roofline import KernelWork, _narrow_tile_share, kernel_time
+    sp = CAL.model_copy(update={"persistent_narrow_tile_saving": 0.0, "standalone_narrow_tile_saving": 0.3})
+    w = KernelWork("sigma", "fp16", tensor_flops=1024 * 2 * 128 * 1 * 256, tiles=1024, ctas_per_sm=2,
+                   tile_shape=(128, 128), gemm_n=1, gemm_k=256)
+    # N = 1 stores one 8-column vector of the tile's 16: 1 - 0.3 x 15/16
+    assert _narrow_tile_share(w, sp) == pytest.approx(1 - 0.3 * 15 / 16, rel=1e-12)
+    assert _narrow_tile_share(replace(w, persistent=True), sp) == 1.0
+    assert _narrow_tile_share(replace(w, gemm_n=128), sp) == 1.0
+    none = sp.model_copy(update={"standalone_narrow_tile_saving": 0.0})
+    assert kernel_time(w, sp, 132) < kernel_time(w, none, 132)
+    assert kernel_time(w, sp, np.array([132.0]))[0] == pytest.approx(kernel_time(w, sp, 132), rel=1e-12)
+
+
+def test_fit_standalone_narrow_tile_recovers_the_truth_from_increments():
+    """Standalone fused GEMMs narrower than the tile, fitted on their increments over the same
+    kind, M and K at N = 128: a planted saving comes back although every measurement sits 6%
+    of its reference over the model (the error the two kernels share)."""
+    from kitsune_dse.calibrate.fit import fit_standalone_narrow_tile, fused_time
+    truth = CAL.model_copy(update={"standalone_narrow_tile_saving": 0.25})
+    cases = [("mmbias", (131072, n, k)) for n in (1, 8, 64, 128) for k in (128, 512)]
+    rows = [{"kind": k, "dims": list(d), "time_s": fused_time(truth, k, d), "correct": True} for k, d in cases]
+    ref = {(r["dims"][0], r["dims"][2]): r["time_s"] for r in rows if r["dims"][1] == 128}
+    for r in rows:
+        r["time_s"] += 0.06 * ref[(r["dims"][0], r["dims"][2])]
+    rows.append({"kind": "mmbias", "dims": [131072, 3, 256], "time_s": 1e-5, "correct": True})  # no reference
+    fit = fit_standalone_narrow_tile(CAL, rows)
+    assert fit["points"] == 6
+    assert fit["standalone_narrow_tile_saving"] == pytest.approx(0.25, rel=0.05)
+    with pytest.raises(ValueError, match="narrower than its tile"):
+        fit_standalone_narrow_tile(CAL, [r for r in rows if r["dims"][1] == 128])

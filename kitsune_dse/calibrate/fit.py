@@ -367,6 +367,34 @@ def fit_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
                                   round(float(e), 3) for r, e in zip(narrow, rel)}}
 
 
+def fit_standalone_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
+    """standalone_narrow_tile_saving: the same saving in the standalone fused GEMM kernel (what
+    bsp and fusion regions launch), from bench/narrow_probe.py (rows: kind, dims, time_s), each
+    case narrower than the tile on its increment over the same kind, M and K at N = 128."""
+    pts = [r for r in rows if r.get("time_s") and r.get("correct", True)]
+    full = {(r["kind"], r["dims"][0], r["dims"][2]): r for r in pts if r["dims"][1] >= 128}
+    narrow = [r for r in pts if r["dims"][1] < 128 and (r["kind"], r["dims"][0], r["dims"][2]) in full]
+    if not narrow:
+        raise ValueError("no standalone GEMM narrower than its tile beside the same GEMM a full tile wide")
+    meas = np.array([r["time_s"] for r in narrow], float)
+
+    def resid(x):
+        sp = spec.model_copy(update={"standalone_narrow_tile_saving": float(x[0])})
+        out = []
+        for r in narrow:
+            ref = full[(r["kind"], r["dims"][0], r["dims"][2])]
+            out.append(fused_time(sp, r["kind"], r["dims"]) - fused_time(sp, ref["kind"], ref["dims"])
+                       + ref["time_s"])
+        return np.array(out) / meas - 1
+    fit = least_squares(resid, [0.2], bounds=([0.0], [1.0]), diff_step=1e-3)
+    rel = resid(fit.x)
+    return {"standalone_narrow_tile_saving": float(fit.x[0]),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
+            "points": len(narrow), "fitted_on": "increments over the same GEMM with N = 128",
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}": round(float(e), 3)
+                                  for r, e in zip(narrow, rel)}}
+
+
 def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:
     """How much a row-op stage's stream slows as the chip loads: two-stage pipelines of a GEMM
     feeding a softmax through a ring (attention's scores), against the row op alone."""

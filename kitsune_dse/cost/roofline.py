@@ -417,12 +417,13 @@ def _operand_feed_s(work: KernelWork, spec: HwSpec) -> float:
 
 
 def _narrow_tile_share(work: KernelWork, spec: HwSpec) -> float:
-    """A persistent GEMM tile's time where its product is narrower than the tile (a head:
-    NeRF's sigma and rgb, N = 1 and 3 padded to 8), over a full tile's: its MMAs still run every
-    column, its B loads and epilogue only the valid ones. One-stage kernels (calibration label
-    'gemm narrow N'): N = 8 took 0.73-0.87 of N = 128's time, N = 64 0.85."""
-    saving = spec.persistent_narrow_tile_saving
-    if not (saving and work.persistent and work.gemm_n and work.tile_shape):
+    """A GEMM tile's time where its product is narrower than the tile (a head: NeRF's sigma
+    and rgb, N = 1 and 3 padded to 8), over a full tile's: its MMAs still run every column, its
+    B loads and epilogue only the valid ones. One-stage persistent kernels (calibration label
+    'gemm narrow N'): N = 8 took 0.73-0.87 of N = 128's time, N = 64 0.85; standalone fused
+    kernels (bench/narrow_probe.py): N = 1..32 0.83-0.87, N = 64 0.86-0.89, whatever N."""
+    saving = spec.persistent_narrow_tile_saving if work.persistent else spec.standalone_narrow_tile_saving
+    if not (saving and work.gemm_n and work.tile_shape):
         return 1.0
     bn = work.tile_shape[1]
     valid = min(bn, -(-work.gemm_n // 8) * 8)

@@ -245,6 +245,10 @@ class HwSpec(_Strict):
                                                 # empty: no B loads or epilogue for them, only the
                                                 # MMAs (calibrated on one-stage GEMMs N = 8 / 64
                                                 # against N = 128)
+    standalone_narrow_tile_saving: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
+                                                # the same for a standalone GEMM kernel's tile
+                                                # (calibrated on fused kernels N = 1..64 against
+                                                # N = 128, bench/narrow_probe.py)
     transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # SIMT FLOP-equivalents of one special-function
                                                 # evaluation (a GELU's tanh, a SiLU's exp) in a

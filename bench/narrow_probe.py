@@ -1,0 +1,132 @@
+"""Standalone GEMM kernels narrower than their tile (a head: NeRF's sigma N = 1 and rgb N = 3,
+DLRM's CTR N = 1): the harness's fused GEMM kernel (what a bsp or fusion region launches) at
+N = 1 to 128 beside the same GEMM a full 128-column tile wide, as a CUDA graph on cold L2. Its
+MMAs run every column of the tile; its B loads and epilogue only the valid ones. None is a
+suite kernel's shape (the suite's narrow heads have 262,144 or 2,048 rows).
+
+    here:    python bench/narrow_probe.py --precompile
+    device:  python3 bench/narrow_probe.py --out $OUT [--runs 15]
+    here:    python bench/narrow_probe.py --report DIR      # the model beside each measurement
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+if (ROOT / "bench/.cubin_cache").is_dir():
+    os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
+
+WIDTHS = (1, 3, 8, 32, 64, 128)
+
+
+def cases() -> list[tuple[str, tuple[int, int, int]]]:
+    out = [(kind, (131072, n, k)) for kind in ("mmbias", "matmul") for k in (128, 512) for n in WIDTHS]
+    out += [("mmbias", (32768, n, 256)) for n in (1, 8, 128)]
+    return out
+
+
+def variants(info):
+    from kitsune_dse.validate.lower import Region, fusion_groups
+    from kitsune_dse.validate.microbench import case_model
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors
+    out = []
+    for kind, dims in cases():
+        g, region = case_model(kind, "fp16", dims)
+        reg = Region(g, {**region, "strategy": "fusion", "kernels": [[o.name for o in g.ops]]})
+        out.append((kind, dims, reg, StandaloneVariant("fused", reg, Tensors(reg), info, fusion_groups(reg),
+                                                       graph=True, prefix="np")))
+    return out
+
+
+def measure(runs: int) -> list[dict]:
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import check_variant
+    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.reference import input_roles
+    from kitsune_dse.validate.runtime import gpu_info
+    info, _ = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flush = L2Flusher()
+    rows = []
+    with stream:
+        for kind, dims, reg, v in variants(info):
+            row = {"kind": kind, "dims": list(dims)}
+            try:
+                v.prepare()
+                chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
+                t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flush, poison_every=False)
+                row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"])
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {e}"
+            v.tensors.arrays.clear()
+            cp.get_default_memory_pool().free_all_blocks()
+            rows.append(row)
+    return rows
+
+
+def report(src: Path) -> None:
+    from kitsune_dse.calibrate.fit import fused_time
+    from kitsune_dse.hw import load_spec
+    spec = load_spec(str(ROOT / "hw_specs/h100-sxm.calibrated.yaml"))
+    d = json.loads((src / "narrow_probe.json" if src.is_dir() else src).read_text())
+    full = {(r["kind"], r["dims"][0], r["dims"][2]): r["time_s"] for r in d["rows"]
+            if r.get("time_s") and r["dims"][1] == 128}
+    print(f"{'kind':7s} {'m x n x k':>16s} {'meas us':>8s} {'/N=128':>7s} {'model us':>9s} {'err':>6s}")
+    for r in d["rows"]:
+        if not r.get("time_s"):
+            print(r["kind"], r["dims"], r.get("error"))
+            continue
+        pred = fused_time(spec, r["kind"], r["dims"])
+        ref = full.get((r["kind"], r["dims"][0], r["dims"][2]))
+        print(f"{r['kind']:7s} {'x'.join(map(str, r['dims'])):>16s} {r['time_s'] * 1e6:8.1f} "
+              f"{r['time_s'] / ref if ref else float('nan'):7.2f} {pred * 1e6:9.1f} {100 * (pred / r['time_s'] - 1):+5.1f}%"
+              f"{'' if r.get('correct') else ' WRONG'}")
+
+
+def precompile() -> None:
+    from precompile import compile_one
+
+    from kitsune_dse.validate.plan import DeviceInfo
+    info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+    for s in dict.fromkeys(v.build() for *_, v in variants(info)):
+        r = compile_one(s, "sm_90", ROOT / "bench/.cubin_cache")
+        if "FAILED" in r or "spill" in r:
+            print(r[:300], flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--report", default="")
+    a = ap.parse_args()
+    if a.precompile:
+        precompile()
+        return
+    if a.report:
+        report(Path(a.report))
+        return
+    from kitsune_dse.validate.runtime import gpu_info
+    _, env = gpu_info()
+    rows = measure(a.runs)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "narrow_probe.json").write_text(json.dumps(
+        {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "runs": a.runs,
+         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
+    for r in rows:
+        print(r["kind"], "x".join(map(str, r["dims"])), f"{r.get('time_s', 0) * 1e6:.1f} us",
+              "" if r.get("correct", False) else r.get("error", "WRONG"))
+
+
+if __name__ == "__main__":
+    main()
