@@ -19,6 +19,8 @@ Measurements (SI units) in calibration.raw.json:
                       stage's tensor rate against its SM share;
   pipe_ew_sms         [(sms, bytes/s)] the same kernel running an elementwise add (read 2, write 1)
                       on `sms` SMs: a memory-bound stage's bandwidth against its SM share;
+  narrow_rows         [{kind, dims, time_s}] standalone fused GEMMs narrower than their tile
+                      beside the same GEMM at N = 128 (bench/narrow_probe.py's cases);
   env                 GPU, clocks, driver, CuPy, date.
 Every spin in these kernels has a %globaltimer timeout (microbench ping-pong; pipeline waits).
 """
@@ -277,6 +279,8 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
     srcs += [v.build() for *_, sides in boundary_variants(info) for _, v in sides]
     from epilogue_probe import variants as epilogue_variants
     srcs += [v.build() for *_, f, _, p in epilogue_variants(info) for v in (f, p)]
+    from narrow_probe import variants as narrow_variants
+    srcs += [v.build() for *_, v in narrow_variants(info)]
     srcs = list(dict.fromkeys(srcs))
     out = ROOT / "bench/.cubin_cache"
     out.mkdir(parents=True, exist_ok=True)
@@ -456,12 +460,16 @@ def device(out: Path, runs: int, smoke: str) -> None:
         from region_boundary import measure_boundaries
         return {"boundary_rows": measure_boundaries(max(5, runs), log)}
 
+    def narrow():
+        from narrow_probe import measure as measure_narrow
+        return {"narrow_rows": measure_narrow(max(5, runs))}
+
     only = [p for p in os.environ.get("KDSE_CAL_PHASES", "").split(",") if p]
     for key, what, fn in (("run_all_error", "run_all", run_all_phase), ("tile_error", "tiles", tiles),
                           ("pipe_error", "pipes", pipes), ("probe_error", "probes", probes),
                           ("epilogue_error", "epilogues", epilogues),
                           ("cublas_call_error", "cuBLAS calls", cublas_calls),
-                          ("boundary_error", "boundaries", boundaries)):
+                          ("boundary_error", "boundaries", boundaries), ("narrow_error", "narrow", narrow)):
         if not only or what in only:      # KDSE_CAL_PHASES=tiles,...: a partial raw of those
             phase(key, what, fn)
     raw["elapsed_s"] = time.time() - t0
@@ -818,12 +826,15 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["standalone_norm_stream_share"] = nf["standalone_norm_stream_share"]
             cal["standalone_norm_fit"] = {**nf, "measurements": str(rowop_json.relative_to(ROOT))}
         narrow_json = ROOT / "results/validation/h100/narrow_probe/narrow_probe.json"
-        if sp is harness and narrow_json.exists():
-            # standalone GEMM kernels narrower than their tile (bench/narrow_probe.py)
+        if sp is harness and (raw.get("narrow_rows") or narrow_json.exists()):
+            # standalone GEMM kernels narrower than their tile (bench/narrow_probe.py: this
+            # calibration's own phase where it ran one, else the probe's committed run)
             from kitsune_dse.calibrate.fit import fit_standalone_narrow_tile
-            sn = fit_standalone_narrow_tile(spec_from_dict(data, name), json.loads(narrow_json.read_text())["rows"])
+            rows = raw.get("narrow_rows") or json.loads(narrow_json.read_text())["rows"]
+            sn = fit_standalone_narrow_tile(spec_from_dict(data, name), rows)
             data["standalone_narrow_tile_saving"] = sn["standalone_narrow_tile_saving"]
-            cal["standalone_narrow_tile_fit"] = {**sn, "measurements": str(narrow_json.relative_to(ROOT))}
+            cal["standalone_narrow_tile_fit"] = {**sn, "measurements": "narrow_rows" if raw.get("narrow_rows")
+                                                 else str(narrow_json.relative_to(ROOT))}
         chain_rows = [r for r in raw.get("pipe_rows", []) if r.get("label") == "gemm chain one stage"
                       and r.get("time_s")]
         if sp is harness and chain_rows:

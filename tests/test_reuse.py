@@ -130,8 +130,39 @@ def test_a_sequence_reports_its_dirty_residue_beside_its_writes():
     assert e.dram_write_bytes == 2 * t                      # every write still reaches DRAM ...
     assert e.dram_deferred_write_bytes == pytest.approx(15 * MiB)   # ... 15 MiB after the run
     assert e.dram_bytes_in_run == pytest.approx(4 * t - 15 * MiB)
-    # the same time: the writes still cost the region (the next one would pay them)
-    assert e.latency_s == bsp(Region.of(g), H100).latency_s
+
+
+def test_only_a_region_that_runs_last_leaves_its_dirty_lines_off_its_time():
+    # the same chain with a third relu: a region of op0 and op1 is followed by op2, so its dirty
+    # lines cost it (the next region would pay them); the whole graph runs last, and its
+    # memory-bound last kernel ends 15 MiB of writes sooner at the bandwidth its SMs reach
+    g = build("chain", [Tensor("x", (8192, 4096), "fp16")],
+              [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("t1",), ("t2",)),
+               ("op2", "relu", ("t2",), ("y",))], ["x"], [])
+    s = residue_spec(1.0, 0.3)
+    head, whole = Region.of(g, ("op0", "op1")), Region.of(g)
+    assert not head.final and whole.final and Region.of(g, ("op2",)).final
+    assert not Region.of(g, ("op1",)).final
+    assert bsp(head, s).dram_deferred_write_bytes > 0
+    assert bsp(head, s).latency_s == bsp(head, H100).latency_s
+    w = kernel_works(whole, bsp_groups(whole), s)[-1]
+    assert w.after_end_write_bytes == w.deferred_write_bytes == pytest.approx(15 * MiB)
+    assert w.timed_dram_bytes == pytest.approx(w.dram_bytes - 15 * MiB)
+    saved = bsp(whole, H100).latency_s - bsp(whole, s).latency_s
+    assert saved == pytest.approx(15 * MiB / s.hbm_bandwidth_from(s.sm_count), rel=0.02)
+
+
+def test_a_region_is_final_when_every_other_op_is_its_ancestor():
+    # a diamond x -> a, b -> c: {c} runs last whatever the plan; {b, c} too; {a} never, and a
+    # second output branch d (nothing after it reads d) makes {c} no longer final
+    t = [Tensor("x", (256, 256), "fp16")]
+    ops = [("a", "relu", ("x",), ("ya",)), ("b", "relu", ("x",), ("yb",)),
+           ("c", "add", ("ya", "yb"), ("yc",))]
+    g = build("diamond", t, ops, ["x"], [])
+    assert Region.of(g, ("c",)).final and Region.of(g, ("b", "c")).final
+    assert not Region.of(g, ("a",)).final and not Region.of(g, ("a", "b")).final
+    g2 = build("diamond+", t, ops + [("d", "relu", ("x",), ("yd",))], ["x"], [], ["yc", "yd"])
+    assert not Region.of(g2, ("c",)).final and Region.of(g2, ("c", "d")).final
 
 
 def test_the_residue_fit_recovers_the_writes_it_was_made_from():

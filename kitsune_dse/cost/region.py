@@ -71,6 +71,21 @@ class Region:
                      if t in g.outputs or any(c not in self.op_set for c in g.consumers(t)))
 
     @cached_property
+    def final(self) -> bool:
+        """Whether every other op of the graph is an ancestor of this region's: whatever the
+        plan, the region runs last, and what its kernels leave dirty in L2 is written back after
+        the graph's time is taken (a CUDA event after its last kernel does not wait for it)."""
+        g = self.graph
+        seen = set(self.ops)
+        stack = list(self.ops)
+        while stack:
+            for p in g.preds(stack.pop()):
+                if p not in seen:
+                    seen.add(p)
+                    stack.append(p)
+        return len(seen) == len(g.ops)
+
+    @cached_property
     def flops(self) -> float:
         return sum(self.graph.op(o).info.flops for o in self.ops)
 
@@ -237,7 +252,9 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         kept += sum(writes.values()) - d_w
     residue = dirty_residue([w.dram_read_bytes + sum(x[1].values()) for w, x in zip(works, rw)],
                             [w.dram_write_bytes for w in works], spec, kept)
-    return [w if r <= 0.0 else w.but(deferred_write_bytes=r) for w, r in zip(works, residue)]
+    free = region.final
+    return [w if r <= 0.0 else w.but(deferred_write_bytes=r, after_end_write_bytes=r if free else 0.0)
+            for w, r in zip(works, residue)]
 
 
 def _touch(g: Graph, group: tuple[str, ...], t: str, spec: HwSpec):

@@ -80,11 +80,18 @@ class KernelWork:
                                    # fill and drain, persistent_a_stream_fill_s, go pro rata)
     deferred_write_bytes: float = 0.0  # of dram_write_bytes: still dirty in L2 when its region
                                    # ends (cost.reuse.dirty_residue), written after it (its
-                                   # time still pays for them, as the next region would)
+                                   # time still pays for them, as the next region would) ...
+    after_end_write_bytes: float = 0.0  # ... unless its region runs last (Region.final): then
+                                   # they are written after the graph's time is taken
 
     @property
     def dram_bytes(self) -> float:
         return self.dram_read_bytes + self.dram_write_bytes
+
+    @property
+    def timed_dram_bytes(self) -> float:
+        """The DRAM bytes the kernel's time waits for."""
+        return self.dram_read_bytes + self.dram_write_bytes - self.after_end_write_bytes
 
     def but(self, **fields) -> "KernelWork":
         """dataclasses.replace without its per-call introspection (the search copies works
@@ -101,6 +108,7 @@ class KernelWork:
                        dram_read_bytes=self.dram_read_bytes * f,
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
                        deferred_write_bytes=self.deferred_write_bytes * f,
+                       after_end_write_bytes=self.after_end_write_bytes * f,
                        a_stream_bytes=self.a_stream_bytes * f, a_stream_part=self.a_stream_part * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))
@@ -155,7 +163,7 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     per_tile = (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
     compute = per_sm * per_tile
     feed = per_sm * _fed_tile_s(work, spec, np.maximum(used, work.feed_sms))
-    dram_bytes = work.dram_bytes + weight_reread_bytes(work, s)
+    dram_bytes = work.timed_dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
             if work.dram_bytes else np.zeros_like(s))
     if work.dram_bytes and not work.persistent:
@@ -348,7 +356,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_sm = _sm_stream(work, spec) or spec.hbm_per_sm_bandwidth_Bps
         bw = _smooth_min(used * per_sm, spec.hbm_bandwidth_Bps * cap, p)
         again = float(weight_reread_bytes(work, s))
-        dram = (work.dram_bytes + again) / bw
+        dram = (work.timed_dram_bytes + again) / bw
         if norm:
             reads = (work.dram_read_bytes + again) / bw
         if not work.persistent:
@@ -356,7 +364,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     if _streams_l2_bytes(work, spec):
         cap = _hbm_ceiling(work, spec) or e.hbm
         bw = _smooth_min(used * _sm_stream(work, spec), spec.hbm_bandwidth_Bps * cap, p)
-        dram = max(dram, (work.dram_bytes + float(weight_reread_bytes(work, s)) + work.l2_bytes) / bw)
+        dram = max(dram, (work.timed_dram_bytes + float(weight_reread_bytes(work, s)) + work.l2_bytes) / bw)
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw

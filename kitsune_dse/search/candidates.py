@@ -216,7 +216,8 @@ def atom_chain(graph: Graph) -> tuple[list[tuple[str, ...]], list[int]]:
 def window_signature(region: Region, spec: HwSpec):
     """What the cost of a region depends on, without names: two windows with equal signatures
     get equal estimates (op kinds, attrs, shapes, dtypes, which inputs are weights, graph inputs
-    or come from inside, which outputs leave the region, which hand-offs stay in L2). Also
+    or come from inside, which outputs leave the region, which hand-offs stay in L2, whether it
+    runs last). Also
     returns the op and tensor names in signature order."""
     graph, ops = region.graph, region.ops
     outputs = frozenset(region.outputs)
@@ -246,7 +247,8 @@ def window_signature(region: Region, spec: HwSpec):
             tnames.append(t)
         attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
         parts.append((op.kind, attrs, tuple(ins), tuple(outs)))
-    return tuple(parts), tuple(ops) + tuple(tnames)
+    # a window that runs last does not wait for its dirty lines' write-back (Region.final)
+    return (tuple(parts), region.final), tuple(ops) + tuple(tnames)
 
 
 def _rename(obj, m: dict):
