@@ -74,16 +74,10 @@ class Region:
     def final(self) -> bool:
         """Whether every other op of the graph is an ancestor of this region's: whatever the
         plan, the region runs last, and what its kernels leave dirty in L2 is written back after
-        the graph's time is taken (a CUDA event after its last kernel does not wait for it)."""
-        g = self.graph
-        seen = set(self.ops)
-        stack = list(self.ops)
-        while stack:
-            for p in g.preds(stack.pop()):
-                if p not in seen:
-                    seen.add(p)
-                    stack.append(p)
-        return len(seen) == len(g.ops)
+        the graph's time is taken (a CUDA event after its last kernel does not wait for it).
+        That holds exactly when the region holds every sink (an op nothing consumes): any other
+        op reaches a sink by its consumers."""
+        return _sinks(self.graph) <= self.op_set
 
     @cached_property
     def flops(self) -> float:
@@ -99,6 +93,11 @@ class Region:
                     reads[t] = max(reads.get(t, 0), b)
         writes = sum(g.tensors[t].nbytes for t in self.outputs)
         return float(sum(reads.values())), float(writes)
+
+
+@functools.lru_cache(maxsize=64)
+def _sinks(graph: Graph) -> frozenset[str]:
+    return frozenset(o.name for o in graph.ops if not graph.succs(o.name))
 
 
 @functools.lru_cache(maxsize=1 << 14)
