@@ -52,30 +52,8 @@ def variants(info, which=None):
 
 
 def measure(runs: int, which=None) -> list[dict]:
-    import cupy as cp
-
-    from kitsune_dse.validate.harness import check_variant
-    from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import gpu_info
-    info, _ = gpu_info()
-    stream = cp.cuda.Stream(non_blocking=True)
-    flush = L2Flusher()
-    rows = []
-    with stream:
-        for kind, dims, reg, v in variants(info, which):
-            row = {"kind": kind, "dims": list(dims)}
-            try:
-                v.prepare()
-                chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
-                t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flush, poison_every=False)
-                row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"])
-            except Exception as e:  # noqa: BLE001
-                row["error"] = f"{type(e).__name__}: {e}"
-            v.tensors.arrays.clear()
-            cp.get_default_memory_pool().free_all_blocks()
-            rows.append(row)
-    return rows
+    from rowop_probe import measure_variants
+    return measure_variants(lambda info: variants(info, which), runs)
 
 
 def report(src: Path) -> None:
@@ -98,14 +76,8 @@ def report(src: Path) -> None:
 
 
 def precompile() -> None:
-    from precompile import compile_one
-
-    from kitsune_dse.validate.plan import DeviceInfo
-    info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
-    for s in dict.fromkeys(v.build() for *_, v in variants(info) + variants(info, short_k_cases())):
-        r = compile_one(s, "sm_90", ROOT / "bench/.cubin_cache")
-        if "FAILED" in r or "spill" in r:
-            print(r[:300], flush=True)
+    from rowop_probe import precompile_variants
+    precompile_variants(variants, lambda info: variants(info, short_k_cases()))
 
 
 def main() -> None:

@@ -47,6 +47,12 @@ def variants(info):
 
 
 def measure(runs: int) -> list[dict]:
+    return measure_variants(variants, runs)
+
+
+def measure_variants(variants_of, runs: int) -> list[dict]:
+    """Each (kind, dims, Region, standalone variant) of `variants_of(info)` checked once
+    against the reference and timed on cold L2 (device); one row each."""
     import cupy as cp
 
     from kitsune_dse.validate.harness import check_variant
@@ -58,7 +64,7 @@ def measure(runs: int) -> list[dict]:
     flush = L2Flusher()
     rows = []
     with stream:
-        for kind, dims, reg, v in variants(info):
+        for kind, dims, reg, v in variants_of(info):
             row = {"kind": kind, "dims": list(dims)}
             try:
                 v.prepare()
@@ -99,11 +105,16 @@ def report(src: Path) -> None:
 
 
 def precompile() -> None:
+    precompile_variants(variants)
+
+
+def precompile_variants(*variants_of) -> None:
+    """nvcc cubins (bench/.cubin_cache) of every variant the `variants_of(info)` give on an H100."""
     from precompile import compile_one
 
     from kitsune_dse.validate.plan import DeviceInfo
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
-    for s in dict.fromkeys(v.build() for *_, v in variants(info)):
+    for s in dict.fromkeys(v.build() for f in variants_of for *_, v in f(info)):
         r = compile_one(s, "sm_90", ROOT / "bench/.cubin_cache")
         if "FAILED" in r or "spill" in r:
             print(r[:300], flush=True)

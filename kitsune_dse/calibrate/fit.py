@@ -338,6 +338,28 @@ def fit_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
                     lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs={"mmadd": "matmul"})
 
 
+def _fit_narrow_saving(spec: HwSpec, rows: list[dict], field: str, key, time_of, name_of, what: str) -> dict:
+    """Fit a narrow-tile saving `field` on the GEMMs narrower than the tile, each on its
+    increment over its reference (the row of the same `key` a full tile wide, measured beside
+    it), so that the reference's own model error does not leak into the saving."""
+    full = {key(r): r for r in rows if r["dims"][1] >= 128}
+    narrow = [r for r in rows if r["dims"][1] < 128 and key(r) in full]
+    if not narrow:
+        raise ValueError(f"no {what} narrower than its tile beside the same GEMM a full tile wide")
+    meas = np.array([r["time_s"] for r in narrow], float)
+
+    def resid(x):
+        sp = spec.model_copy(update={field: float(x[0])})
+        return np.array([time_of(sp, r) - time_of(sp, full[key(r)]) + full[key(r)]["time_s"]
+                         for r in narrow]) / meas - 1
+    fit = least_squares(resid, [0.2], bounds=([0.0], [1.0]), diff_step=1e-3)
+    rel = resid(fit.x)
+    return {field: float(fit.x[0]),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
+            "points": len(narrow), "fitted_on": "increments over the same GEMM with N = 128",
+            "rel_error_by_case": {name_of(r): round(float(e), 3) for r, e in zip(narrow, rel)}}
+
+
 def fit_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
     """The share of a persistent GEMM tile's time a product narrower than the tile saves
     (roofline._narrow_tile_share): one-stage GEMMs of N = 8 and 64, each on its increment over
@@ -345,54 +367,22 @@ def fit_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
     def key(r):
         m, n, k = r["dims"]
         return (r["kind"], m, k, json.dumps(r["sms"]), r.get("tile_rows", 128))
-    full = {key(r): r for r in rows if r["dims"][1] >= 128}
-    narrow = [r for r in rows if r["dims"][1] < 128 and key(r) in full]
-    if not narrow:
-        raise ValueError("no narrow GEMM beside the same GEMM a full tile wide")
-    meas = np.array([r["time_s"] for r in narrow], float)
-
-    def time_of(sp, r):
-        return one_stage_time(sp, r["kind"], r["dims"], r["sms"], rows=r.get("tile_rows", 128))
-
-    def resid(x):
-        sp = spec.model_copy(update={"persistent_narrow_tile_saving": float(x[0])})
-        return np.array([time_of(sp, r) - time_of(sp, full[key(r)]) + full[key(r)]["time_s"]
-                         for r in narrow]) / meas - 1
-    fit = least_squares(resid, [0.2], bounds=([0.0], [1.0]), diff_step=1e-3)
-    rel = resid(fit.x)
-    return {"persistent_narrow_tile_saving": float(fit.x[0]),
-            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
-            "points": len(narrow), "fitted_on": "increments over the same GEMM with N = 128",
-            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}/{r.get('tile_rows', 128)}":
-                                  round(float(e), 3) for r, e in zip(narrow, rel)}}
+    return _fit_narrow_saving(
+        spec, rows, "persistent_narrow_tile_saving", key,
+        lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"], rows=r.get("tile_rows", 128)),
+        lambda r: f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}/{r.get('tile_rows', 128)}",
+        "persistent GEMM")
 
 
 def fit_standalone_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
     """standalone_narrow_tile_saving: the same saving in the standalone fused GEMM kernel (what
     bsp and fusion regions launch), from bench/narrow_probe.py (rows: kind, dims, time_s), each
     case narrower than the tile on its increment over the same kind, M and K at N = 128."""
-    pts = [r for r in rows if r.get("time_s") and r.get("correct", True)]
-    full = {(r["kind"], r["dims"][0], r["dims"][2]): r for r in pts if r["dims"][1] >= 128}
-    narrow = [r for r in pts if r["dims"][1] < 128 and (r["kind"], r["dims"][0], r["dims"][2]) in full]
-    if not narrow:
-        raise ValueError("no standalone GEMM narrower than its tile beside the same GEMM a full tile wide")
-    meas = np.array([r["time_s"] for r in narrow], float)
-
-    def resid(x):
-        sp = spec.model_copy(update={"standalone_narrow_tile_saving": float(x[0])})
-        out = []
-        for r in narrow:
-            ref = full[(r["kind"], r["dims"][0], r["dims"][2])]
-            out.append(fused_time(sp, r["kind"], r["dims"]) - fused_time(sp, ref["kind"], ref["dims"])
-                       + ref["time_s"])
-        return np.array(out) / meas - 1
-    fit = least_squares(resid, [0.2], bounds=([0.0], [1.0]), diff_step=1e-3)
-    rel = resid(fit.x)
-    return {"standalone_narrow_tile_saving": float(fit.x[0]),
-            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
-            "points": len(narrow), "fitted_on": "increments over the same GEMM with N = 128",
-            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}": round(float(e), 3)
-                                  for r, e in zip(narrow, rel)}}
+    return _fit_narrow_saving(
+        spec, [r for r in rows if r.get("time_s") and r.get("correct", True)],
+        "standalone_narrow_tile_saving", lambda r: (r["kind"], r["dims"][0], r["dims"][2]),
+        lambda sp, r: fused_time(sp, r["kind"], r["dims"]),
+        lambda r: f"{r['kind']}{'x'.join(map(str, r['dims']))}", "standalone GEMM")
 
 
 def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:

@@ -91,7 +91,7 @@ class KernelWork:
     @property
     def timed_dram_bytes(self) -> float:
         """The DRAM bytes the kernel's time waits for."""
-        return self.dram_read_bytes + self.dram_write_bytes - self.after_end_write_bytes
+        return self.dram_bytes - self.after_end_write_bytes
 
     def but(self, **fields) -> "KernelWork":
         """dataclasses.replace without its per-call introspection (the search copies works

@@ -419,24 +419,25 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
     hand = dict(zip([w.name for w in works], _handoffs(region, order)))
     total, times, shares = (spec.tilesync_fixed_s + spec.launch_latency_cost_s if works else 0.0), [], []
 
-    def alone(w):       # on all SMs, the variant best with its hand-offs (a min keeps it monotone)
-        return min(kernel_time(v, spec, S) + _handoff_s(v, spec, S, *hand[w.name]) for v in variants[w.name])
-
     def best(w):
-        return min(variants[w.name], key=lambda v: kernel_time(v, spec, S) + _handoff_s(v, spec, S, *hand[w.name]))
+        """(time on all SMs, variant): the variant best with its hand-offs (a min over a fixed
+        set of monotone costs keeps the estimate monotone)."""
+        costs = [kernel_time(v, spec, S) + _handoff_s(v, spec, S, *hand[w.name]) for v in variants[w.name]]
+        i = int(np.argmin(costs))
+        return costs[i], variants[w.name][i]
 
     for lv in groups:
         ws = [by_op[o] for o in lv if o in by_op]
         if not ws:
             continue
         if len(ws) == 1:
-            t = alone(ws[0])
+            t = best(ws[0])[0]
             split = [S]
         else:
-            picks = [best(w) for w in ws]
+            alone, picks = zip(*(best(w) for w in ws))
             # launched in order, each kernel but the last loses its wave tail to the next
             fill = sum(min(_fluid_time(v, spec, S), kernel_time(v, spec, S)) + _handoff_s(v, spec, S, *hand[w.name])
-                       for w, v in zip(ws[:-1], picks[:-1])) + alone(ws[-1])
+                       for w, v in zip(ws[:-1], picks[:-1])) + alone[-1]
             t, split = fill, [S] * len(ws)
             footprint = [v.tiles / max(1, v.ctas_per_sm) for v in picks]     # SMs its grid fills
             if sum(footprint) <= S:
@@ -448,7 +449,7 @@ def concurrent(region: Region, spec: HwSpec, choice=None) -> Estimate:
             # the kernels share one DRAM: at least their bytes at the chip's bandwidth
             dram = sum(w.dram_bytes - w.grid_reread_bytes for w in ws)
             t = max(t, dram / spec.hbm_bandwidth_from(S))
-            serial = (sum(alone(w) for w in ws)
+            serial = (sum(alone)
                       + (len(ws) - 1) * (spec.graph_launch_overhead_s + spec.kernel_fixed_s))
             if serial <= t:     # as good back to back
                 t, split = serial, [S] * len(ws)
