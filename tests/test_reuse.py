@@ -11,7 +11,7 @@ from helpers_graphs import H100, MiB, build
 from kitsune_dse.cost.gemm_l2 import WAVE_CTAS, raster
 from kitsune_dse.cost.region import Region, kernel_works
 from kitsune_dse.cost.reuse import dirty_residue, hit_fraction, touch_positions
-from kitsune_dse.cost.strategies import bsp, bsp_groups
+from kitsune_dse.cost.strategies import bsp, bsp_groups, fusion
 from kitsune_dse.graph.ir import Tensor
 from kitsune_dse.hw.spec import spec_with_overrides
 
@@ -132,37 +132,54 @@ def test_a_sequence_reports_its_dirty_residue_beside_its_writes():
     assert e.dram_bytes_in_run == pytest.approx(4 * t - 15 * MiB)
 
 
-def test_only_a_region_that_runs_last_leaves_its_dirty_lines_off_its_time():
-    # the same chain with a third relu: a region of op0 and op1 is followed by op2, so its dirty
-    # lines cost it (the next region would pay them); the whole graph runs last, and its
-    # memory-bound last kernel ends 15 MiB of writes sooner at the bandwidth its SMs reach
-    g = build("chain", [Tensor("x", (8192, 4096), "fp16")],
-              [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("t1",), ("t2",)),
-               ("op2", "relu", ("t2",), ("y",))], ["x"], [])
+def _chain3():
+    return build("chain", [Tensor("x", (8192, 4096), "fp16")],
+                 [("op0", "relu", ("x",), ("t1",)), ("op1", "relu", ("t1",), ("t2",)),
+                  ("op2", "relu", ("t2",), ("y",))], ["x"], [])
+
+
+def test_a_kernel_leaves_its_dirty_lines_to_the_next_and_writes_back_those_it_finds():
+    # relu over 64 MiB tensors (128 MiB brought in, half written). L2 keeps the last 50 MiB
+    # brought in, at most 15 MiB of it dirty. The graph's first kernel finds the flush's 15 MiB
+    # (a store of twice L2) and leaves 15: its time carries exactly its own writes
+    g, s, t = _chain3(), residue_spec(1.0, 0.3), 8192 * 4096 * 2
+    whole = Region.of(g)
+    ws = kernel_works(whole, bsp_groups(whole), s)
+    for w in ws:
+        assert w.incoming_dirty_bytes == pytest.approx(15 * MiB)
+        assert w.after_end_write_bytes == pytest.approx(15 * MiB)
+        assert w.timed_dram_bytes == pytest.approx(2 * t)
+    # a region after op0 finds op0's 15 MiB as a lone kernel would have left them
+    tail = kernel_works(Region.of(g, ("op1", "op2")), [("op1",), ("op2",)], s)
+    assert tail[0].incoming_dirty_bytes == pytest.approx(15 * MiB)
+    # uncalibrated, nothing stays dirty: every write is timed where it is made
+    assert all(w.timed_dram_bytes == w.dram_bytes for w in kernel_works(whole, bsp_groups(whole), H100))
+
+
+def test_the_timed_writes_of_a_region_conserve_its_dirty_lines():
+    # over any split of a chain, the writes the kernels' times carry are the writes made plus
+    # what was dirty before less what is dirty after
+    g, s = _chain3(), residue_spec(0.8, 0.3)
+    for ops in (("op0",), ("op0", "op1"), ("op1", "op2"), ("op0", "op1", "op2")):
+        ws = kernel_works(Region.of(g, ops), [(o,) for o in ops], s)
+        timed = sum(w.timed_dram_bytes - w.dram_read_bytes for w in ws)
+        made = sum(w.dram_write_bytes for w in ws)
+        assert timed == pytest.approx(made + ws[0].incoming_dirty_bytes - ws[-1].after_end_write_bytes)
+        for a, b in zip(ws, ws[1:]):
+            assert b.incoming_dirty_bytes == a.after_end_write_bytes
+
+
+def test_a_compute_bound_gemm_hides_the_dirty_lines_it_finds_and_a_reader_leaves_them():
+    # gelu then a GEMM: the GEMM's time does not move when it writes back gelu's dirty lines;
+    # a read-mostly GEMM finds the dirty lines still in the window and evicts few of them
+    g = build("t", [Tensor("x", (2048, 8192), "fp16"), Tensor("w", (8192, 4096), "fp16")],
+              [("act", "gelu", ("x",), ("a",)), ("fc", "matmul", ("a", "w"), ("y",))], ["x"], ["w"])
     s = residue_spec(1.0, 0.3)
-    head, whole = Region.of(g, ("op0", "op1")), Region.of(g)
-    assert not head.final and whole.final and Region.of(g, ("op2",)).final
-    assert not Region.of(g, ("op1",)).final
-    assert bsp(head, s).dram_deferred_write_bytes > 0
-    assert bsp(head, s).latency_s == bsp(head, H100).latency_s
-    w = kernel_works(whole, bsp_groups(whole), s)[-1]
-    assert w.after_end_write_bytes == w.deferred_write_bytes == pytest.approx(15 * MiB)
-    assert w.timed_dram_bytes == pytest.approx(w.dram_bytes - 15 * MiB)
-    saved = bsp(whole, H100).latency_s - bsp(whole, s).latency_s
-    assert saved == pytest.approx(15 * MiB / s.hbm_bandwidth_from(s.sm_count), rel=0.02)
-
-
-def test_a_region_is_final_when_every_other_op_is_its_ancestor():
-    # a diamond x -> a, b -> c: {c} runs last whatever the plan; {b, c} too; {a} never, and a
-    # second output branch d (nothing after it reads d) makes {c} no longer final
-    t = [Tensor("x", (256, 256), "fp16")]
-    ops = [("a", "relu", ("x",), ("ya",)), ("b", "relu", ("x",), ("yb",)),
-           ("c", "add", ("ya", "yb"), ("yc",))]
-    g = build("diamond", t, ops, ["x"], [])
-    assert Region.of(g, ("c",)).final and Region.of(g, ("b", "c")).final
-    assert not Region.of(g, ("a",)).final and not Region.of(g, ("a", "b")).final
-    g2 = build("diamond+", t, ops + [("d", "relu", ("x",), ("yd",))], ["x"], [], ["yc", "yd"])
-    assert not Region.of(g2, ("c",)).final and Region.of(g2, ("c", "d")).final
+    fc = Region.of(g, ("fc",))
+    w = kernel_works(fc, [("fc",)], s)[0]
+    assert w.incoming_dirty_bytes > 0
+    assert fusion(fc, s).latency_s == pytest.approx(fusion(fc, H100).latency_s, rel=1e-9)
+    assert w.timed_dram_bytes - w.dram_read_bytes < w.dram_write_bytes + w.incoming_dirty_bytes
 
 
 def test_the_residue_fit_recovers_the_writes_it_was_made_from():

@@ -26,7 +26,7 @@ from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row
                                           ring_cycle_stream_bytes, streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
-from kitsune_dse.cost.region import Region, handed_over, view_base
+from kitsune_dse.cost.region import Region, entry_kernel, handed_over, view_base
 from kitsune_dse.cost.reuse import dirty_residue
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
@@ -362,8 +362,14 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     # (the ring slots' own dirty lines left out of the cap: as good a fit, the probes cannot
     # tell them apart)
     deferred = dirty_residue([reads + core.written_bytes + partial], [writes], spec)[0]
+    # in time, as any kernel (cost.region.kernel_works): its end leaves its dirty lines to the
+    # next kernel and its allocations write back those the kernel before left
+    e_alloc, e_wrote = entry_kernel(region, spec)
+    d_in = dirty_residue([e_alloc], [e_wrote], spec)[0]
+    d_out = sum(dirty_residue([e_alloc, reads + core.written_bytes + partial], [e_wrote, writes], spec))
     return [list(w) for w in core_works], {
         "dram_read_bytes": reads, "dram_write_bytes": writes, "dram_deferred_write_bytes": deferred,
+        "dram_timed_bytes": reads + max(0.0, writes + d_in - d_out),
         "weight_reread_bytes": reread, "resident_weight_reread_bytes": evicted,
         "queue_bytes": core.queue_bytes,
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
@@ -921,7 +927,8 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
                    "slot_bytes": list(plan.slot_bytes),
                    "queue_tensors": [list(q) for q in plan.queue_tensors],
                    **{k: v for k, v in totals.items() if k not in ("dram_read_bytes", "dram_write_bytes",
-                                                                   "dram_deferred_write_bytes")}},
+                                                                   "dram_deferred_write_bytes",
+                                                                   "dram_timed_bytes")}},
     ).check()
 
 
@@ -1046,7 +1053,7 @@ def _weight_stream_flow(works, plan: StagePlan, spec: HwSpec, alone_s) -> float 
 def _bw_floor(works, totals: dict, spec: HwSpec, used: int, units: int) -> float:
     """The stages share one DRAM: the region's bytes at the bandwidth its SMs reach, and every
     step's stream floor (_stream_floor)."""
-    dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
+    dram = totals["dram_timed_bytes"]
     if np.ndim(used):       # the solver's floor steps at once (one kernel_time per step)
         u = np.asarray(used, dtype=float)
         return np.maximum(dram / spec.hbm_bandwidth_from(u), _stream_floor(works, spec, u, units)).tolist()

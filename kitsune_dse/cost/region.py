@@ -14,6 +14,9 @@ kernel touches whether it crosses DRAM:
     region's kernels from the writer on fit the usable L2: then L2 evicts only a share of them,
     the pipelines' write-back logistic over those bytes (cost.l2_residency);
   * what is still dirty when the region ends is written after it (cost.reuse.dirty_residue);
+    in time, each kernel's end leaves the dirty lines in L2 to the next, whose allocations
+    write them back (the region's first kernel: those of the kernel before it, entry_kernel):
+    a streaming kernel pays them, a compute-bound GEMM hides them;
   * a tensor handed to another region is read there from L2 when it fits (handed_over);
   * a GEMM whose operands come from DRAM reads them again where later waves of its grid no
     longer find them in L2 (cost.gemm_l2.grid_reads).
@@ -71,15 +74,6 @@ class Region:
                      if t in g.outputs or any(c not in self.op_set for c in g.consumers(t)))
 
     @cached_property
-    def final(self) -> bool:
-        """Whether every other op of the graph is an ancestor of this region's: whatever the
-        plan, the region runs last, and what its kernels leave dirty in L2 is written back after
-        the graph's time is taken (a CUDA event after its last kernel does not wait for it).
-        That holds exactly when the region holds every sink (an op nothing consumes): any other
-        op reaches a sink by its consumers."""
-        return _sinks(self.graph) <= self.op_set
-
-    @cached_property
     def flops(self) -> float:
         return sum(self.graph.op(o).info.flops for o in self.ops)
 
@@ -93,11 +87,6 @@ class Region:
                     reads[t] = max(reads.get(t, 0), b)
         writes = sum(g.tensors[t].nbytes for t in self.outputs)
         return float(sum(reads.values())), float(writes)
-
-
-@functools.lru_cache(maxsize=64)
-def _sinks(graph: Graph) -> frozenset[str]:
-    return frozenset(o.name for o in graph.ops if not graph.succs(o.name))
 
 
 @functools.lru_cache(maxsize=1 << 14)
@@ -211,6 +200,7 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
     last_touch: dict[str, int] = {}    # tensor -> last kernel index that wrote or read it
     works = []
     kept = 0.0                         # written intermediates no kernel of the region evicts
+    kept_after: list[float] = []
     for i, (grp, (reads, writes)) in enumerate(zip(groups, rw)):
         d_r = l2_r = w_dram = a_dram = 0.0
         gemm_ops = [g.op(o) for o in grp if g.op(o).info.gemm is not None]
@@ -249,11 +239,36 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
                 d_w += b * write_back_fraction(tail[i], spec)
         works.append(group_work(region, grp, spec, sms, d_r, d_w, l2_r, w_dram, a_dram))
         kept += sum(writes.values()) - d_w
-    residue = dirty_residue([w.dram_read_bytes + sum(x[1].values()) for w, x in zip(works, rw)],
-                            [w.dram_write_bytes for w in works], spec, kept)
-    free = region.final
-    return [w if r <= 0.0 else w.but(deferred_write_bytes=r, after_end_write_bytes=r if free else 0.0)
-            for w, r in zip(works, residue)]
+        kept_after.append(kept)
+    alloc = [w.dram_read_bytes + sum(x[1].values()) for w, x in zip(works, rw)]
+    wrote = [w.dram_write_bytes for w in works]
+    residue = dirty_residue(alloc, wrote, spec, kept)     # at the region's end from a clean L2 (ncu)
+    # the dirty lines in L2 as each kernel ends, what ran before the region (entry_kernel)
+    # counted as the kernel before the first: a kernel's end does not wait for the write-back
+    # of those it leaves, and the evictions of its own allocations write back those it finds
+    # (bench/dirty_probe.py: after a 256 MiB store a 16.8 MB relu took 16.8 us and wrote 17.8 MB,
+    # after a 256 MiB load 12.2 us and 0.1 MB; a compute-bound GEMM 64.7 against 64.4 us)
+    e_alloc, e_wrote = entry_kernel(region, spec)
+    d = [sum(dirty_residue([e_alloc] + alloc[:k], [e_wrote] + wrote[:k], spec, kept_after[k - 1] if k else 0.0))
+         for k in range(len(works) + 1)]
+    return [w.but(deferred_write_bytes=r, after_end_write_bytes=d[k + 1], incoming_dirty_bytes=d[k])
+            for k, (w, r) in enumerate(zip(works, residue))]
+
+
+def entry_kernel(region: Region, spec: HwSpec) -> tuple[float, float]:
+    """(bytes brought into L2, bytes written) of the kernel before the region, whose dirty lines
+    its first kernel finds: the op before it in graph order as a lone kernel (the op before it in
+    every plan the search's windows make); before the graph's first op, a store of twice L2
+    (the harness's L2 flush, a 256 MiB store; in a stream of inferences, the last one's end)."""
+    g = region.graph
+    i = g.index(region.ops[0]) - 1
+    while i >= 0 and g.ops[i].info.is_view:
+        i -= 1
+    if i < 0:
+        return 2.0 * spec.l2_bytes, 2.0 * spec.l2_bytes
+    reads, writes = _kernel_rw(g, (g.ops[i].name,))
+    w = sum(writes.values())
+    return sum(reads.values()) + w, w
 
 
 def _touch(g: Graph, group: tuple[str, ...], t: str, spec: HwSpec):

@@ -79,10 +79,13 @@ class KernelWork:
     a_stream_part: float = 1.0     # the share of the step's whole A stream this record covers (its
                                    # fill and drain, persistent_a_stream_fill_s, go pro rata)
     deferred_write_bytes: float = 0.0  # of dram_write_bytes: still dirty in L2 when its region
-                                   # ends (cost.reuse.dirty_residue), written after it (its
-                                   # time still pays for them, as the next region would) ...
-    after_end_write_bytes: float = 0.0  # ... unless its region runs last (Region.final): then
-                                   # they are written after the graph's time is taken
+                                   # ends (cost.reuse.dirty_residue), written after it
+    after_end_write_bytes: float = 0.0  # dirty lines in L2 when this kernel ends (its own and
+                                   # earlier kernels'): written back while the next kernel runs,
+                                   # so its time does not wait for them ...
+    incoming_dirty_bytes: float = 0.0  # ... and those the kernel before left: its allocations
+                                   # evict them, so its DRAM stream carries them (a compute-bound
+                                   # GEMM hides them, a streaming kernel pays; cost.region)
 
     @property
     def dram_bytes(self) -> float:
@@ -90,8 +93,10 @@ class KernelWork:
 
     @property
     def timed_dram_bytes(self) -> float:
-        """The DRAM bytes the kernel's time waits for."""
-        return self.dram_bytes - self.after_end_write_bytes
+        """The DRAM bytes the kernel's time waits for: its own, less the dirty lines it leaves
+        in L2, plus those it finds there."""
+        return max(self.dram_read_bytes,
+                   self.dram_bytes - self.after_end_write_bytes + self.incoming_dirty_bytes)
 
     def but(self, **fields) -> "KernelWork":
         """dataclasses.replace without its per-call introspection (the search copies works
@@ -109,6 +114,7 @@ class KernelWork:
                        dram_write_bytes=self.dram_write_bytes * f, l2_bytes=self.l2_bytes * f,
                        deferred_write_bytes=self.deferred_write_bytes * f,
                        after_end_write_bytes=self.after_end_write_bytes * f,
+                       incoming_dirty_bytes=self.incoming_dirty_bytes * f,
                        a_stream_bytes=self.a_stream_bytes * f, a_stream_part=self.a_stream_part * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))

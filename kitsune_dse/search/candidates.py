@@ -62,7 +62,7 @@ from kitsune_dse.cost.compare import (MAX_ATOMS_PER_PIPELINE, TILE_ROWS, pipelin
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.pipeline import (PipelineChoice, pipeline, plan_stages,
                                       prefetch_stage_schedules, stage_tables)
-from kitsune_dse.cost.region import Region, handed_over
+from kitsune_dse.cost.region import Region, entry_kernel, handed_over
 from kitsune_dse.cost.strategies import (STRATEGIES, bsp, concurrent, fusion, fusion_groups,
                                          split_sms, tilesync)
 from kitsune_dse.errors import InfeasibleError, KitsuneError, closest
@@ -247,8 +247,8 @@ def window_signature(region: Region, spec: HwSpec):
             tnames.append(t)
         attrs = tuple(sorted((k, repr(v)) for k, v in op.attrs.items()))
         parts.append((op.kind, attrs, tuple(ins), tuple(outs)))
-    # a window that runs last does not wait for its dirty lines' write-back (Region.final)
-    return (tuple(parts), region.final), tuple(ops) + tuple(tnames)
+    # its first kernel finds the dirty lines of the kernel before it (cost.region.entry_kernel)
+    return (tuple(parts), tuple(round(x) for x in entry_kernel(region, spec))), tuple(ops) + tuple(tnames)
 
 
 def _rename(obj, m: dict):
@@ -414,7 +414,7 @@ class _PipelineEnumerator:
         T = [float(tab[j][s]) for j, s in enumerate(sms)]
         L = [float(tab[j][s] * srv[j][s]) for j, s in enumerate(sms)]
         B = max(T)
-        dram = totals["dram_read_bytes"] + totals["dram_write_bytes"]
+        dram = totals["dram_timed_bytes"]
         model = max(closed_form_span(T, L, units, B, spec.ring_handoff_cost_s),
                     dram / spec.hbm_bandwidth_from(S)) + spec.persistent_launch_cost_s
         # queue depths: the smallest adequate ones if they fit beside the resident weights
