@@ -216,9 +216,9 @@ def atom_chain(graph: Graph) -> tuple[list[tuple[str, ...]], list[int]]:
 def window_signature(region: Region, spec: HwSpec):
     """What the cost of a region depends on, without names: two windows with equal signatures
     get equal estimates (op kinds, attrs, shapes, dtypes, which inputs are weights, graph inputs
-    or come from inside, which outputs leave the region, which hand-offs stay in L2, whether it
-    runs last). Also
-    returns the op and tensor names in signature order."""
+    or come from inside, which outputs leave the region, which hand-offs stay in L2, the kernel
+    before it, whose dirty lines its first kernel finds). Also returns the op and tensor names
+    in signature order."""
     graph, ops = region.graph, region.ops
     outputs = frozenset(region.outputs)
     local = {o: i for i, o in enumerate(ops)}
