@@ -3,6 +3,7 @@
   write        a store of every byte (the harness's flush is a memset: L2 full of dirty lines);
   read         a load of every byte (L2 full of clean lines: the dirty ones were written back);
   write+idle   the store, then 200 us of one spinning thread (whether L2 cleans itself idle);
+  read+busy    the load, then ~450 us of FMAs on every SM (a kernel's power draw before it);
 and, with --ncu, the DRAM bytes each kernel moves after each flush (ncu, kernel replay of one
 pass, caches left as they are). None is a suite kernel's shape except the 4096 x 4096 LayerNorm
 (ln-residual-gemm's, as a diagnostic).
@@ -32,8 +33,9 @@ if (ROOT / "bench/.cubin_cache").is_dir():
 
 CASES = [("relu", (8192, 1024)), ("relu", (32768, 1024)), ("add", (8192, 1024)),
          ("layernorm", (4096, 4096)), ("mmbias", (32768, 1, 256)), ("mmbias", (32768, 128, 256)),
-         ("mmbias", (131072, 128, 64)), ("mmbias", (8192, 1024, 1024))]
-FLUSHES = ("write", "read", "write+idle")
+         ("mmbias", (131072, 128, 64)), ("mmbias", (8192, 1024, 1024)), ("mmbias", (4096, 4096, 4096)),
+         ("mmbias", (8192, 2048, 2048))]
+FLUSHES = ("write", "read", "write+idle", "read+busy")
 FLUSH_BYTES = 256 << 20
 
 _SRC = r"""
@@ -46,6 +48,15 @@ extern "C" __global__ void kd_flush_read(const uint4* p, unsigned long long n, u
     for (unsigned long long i = blockIdx.x * (unsigned long long)blockDim.x + threadIdx.x; i < n;
          i += (unsigned long long)gridDim.x * blockDim.x) { uint4 x = p[i]; acc ^= x.x ^ x.y ^ x.z ^ x.w; }
     if (acc == 0x9e3779b9u) out[0] = acc;
+}
+extern "C" __global__ void kd_busy(long long cycles, float* out) {
+    float a = threadIdx.x * 1e-3f, b = 1.0001f, c = 0.9999f, d = blockIdx.x * 1e-3f;
+    long long t0 = clock64();
+    while (clock64() - t0 < cycles) {
+        #pragma unroll 16
+        for (int i = 0; i < 64; ++i) { a = fmaf(a, b, c); d = fmaf(d, c, b); }
+    }
+    if (a + d == 12345.0f) out[0] = a + d;
 }
 extern "C" __global__ void kd_spin(long long cycles) {
     long long t0 = clock64();
@@ -76,10 +87,11 @@ class Flushes:
         import cupy as cp
         self.cp = cp
         mod = cp.RawModule(code=_SRC)
-        self.write_k, self.read_k, self.spin_k = (mod.get_function(n) for n in
-                                                  ("kd_flush_write", "kd_flush_read", "kd_spin"))
+        self.write_k, self.read_k, self.spin_k, self.busy_k = (
+            mod.get_function(n) for n in ("kd_flush_write", "kd_flush_read", "kd_spin", "kd_busy"))
         self.buf = cp.empty((FLUSH_BYTES // 4,), dtype=cp.uint32)
         self.out = cp.zeros((1,), dtype=cp.uint32)
+        self.fout = cp.zeros((1,), dtype=cp.float32)
         self.n = 0
 
     def __call__(self, how: str, stream) -> None:
@@ -91,6 +103,8 @@ class Flushes:
             self.read_k((1056,), (512,), (self.buf, cp.uint64(self.buf.size // 4), self.out), stream=stream)
         if how.endswith("idle"):
             self.spin_k((1,), (32,), (cp.int64(int(200e-6 * 1.98e9)),), stream=stream)
+        if how.endswith("busy"):    # every SM's FMA pipes for ~450 us, no memory traffic
+            self.busy_k((132 * 8,), (256,), (cp.int64(int(450e-6 * 1.98e9)), self.fout), stream=stream)
 
 
 def measure(runs: int, ncu: bool = False) -> list[dict]:
