@@ -26,7 +26,7 @@ from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row
                                           ring_cycle_stream_bytes, streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
-from kitsune_dse.cost.region import Region, entry_kernel, handed_over, view_base
+from kitsune_dse.cost.region import Region, dirty_lines, handed_over, view_base
 from kitsune_dse.cost.reuse import dirty_residue
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
@@ -364,9 +364,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     deferred = dirty_residue([reads + core.written_bytes + partial], [writes], spec)[0]
     # in time, as any kernel (cost.region.kernel_works): its end leaves its dirty lines to the
     # next kernel and its allocations write back those the kernel before left
-    e_alloc, e_wrote = entry_kernel(region, spec)
-    d_in = dirty_residue([e_alloc], [e_wrote], spec)[0]
-    d_out = sum(dirty_residue([e_alloc, reads + core.written_bytes + partial], [e_wrote, writes], spec))
+    d_in, d_out = dirty_lines(region, spec, [reads + core.written_bytes + partial], [writes], [0.0])
     return [list(w) for w in core_works], {
         "dram_read_bytes": reads, "dram_write_bytes": writes, "dram_deferred_write_bytes": deferred,
         "dram_timed_bytes": reads + max(0.0, writes + d_in - d_out),

@@ -248,11 +248,20 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
     # of those it leaves, and the evictions of its own allocations write back those it finds
     # (bench/dirty_probe.py: after a 256 MiB store a 16.8 MB relu took 16.8 us and wrote 17.8 MB,
     # after a 256 MiB load 12.2 us and 0.1 MB; a compute-bound GEMM 64.7 against 64.4 us)
-    e_alloc, e_wrote = entry_kernel(region, spec)
-    d = [sum(dirty_residue([e_alloc] + alloc[:k], [e_wrote] + wrote[:k], spec, kept_after[k - 1] if k else 0.0))
-         for k in range(len(works) + 1)]
+    d = dirty_lines(region, spec, alloc, wrote, kept_after)
     return [w.but(deferred_write_bytes=r, after_end_write_bytes=d[k + 1], incoming_dirty_bytes=d[k])
             for k, (w, r) in enumerate(zip(works, residue))]
+
+
+def dirty_lines(region: Region, spec: HwSpec, alloc: list[float], wrote: list[float],
+                kept_after: list[float]) -> list[float]:
+    """Dirty bytes in L2 as the region starts and as each of its kernels ends (alloc: bytes
+    each brings into L2; wrote: its DRAM writes; kept_after: the region's intermediates kept in
+    L2 so far), the kernel before the region (entry_kernel) counted first."""
+    e_alloc, e_wrote = entry_kernel(region, spec)
+    return [sum(dirty_residue([e_alloc] + alloc[:k], [e_wrote] + wrote[:k], spec,
+                              kept_after[k - 1] if k else 0.0))
+            for k in range(len(alloc) + 1)]
 
 
 def entry_kernel(region: Region, spec: HwSpec) -> tuple[float, float]:
