@@ -513,7 +513,7 @@ def section(rows: list[dict], suite: Path) -> str:
         "plans, baselines); Spearman of predicted against measured latency over the plans (explorer + "
         "hand) / over the plans and the harness baselines; Spearman run vs run: of one run's measured plan "
         "times against another run's, the mean over pairs of runs; half vs half: of the medians of the "
-        "first half of the runs against the second half's (two calls on two machines: how reproducible "
+        "first half of the runs against the second half's (two device calls, on one lent machine or two: how reproducible "
         "the order the model is ranked against is); regret = measured time of the "
         "explorer's pick over the best measured alternative − 1. Tilesync and concurrent regions run "
         "as planned: programmatic dependent launches with per-tile flag hand-offs "
