@@ -33,6 +33,16 @@ def test_derived_rates_are_the_datasheet_times_efficiency():
     assert H100.l2_usable_bytes == pytest.approx(50 * MiB * 0.75)
 
 
+def test_half_precision_simt_math_runs_at_the_fp32_rate():
+    # the runtime's kernels convert fp16/bf16 values to float and compute in fp32: a
+    # compute-bound element-wise kernel of 1e12 SIMT FLOP on 132 SMs takes 1e12 / 132 tiles'
+    # worth at the fp32 rate, whatever the packed fp16 peak (133.8 TFLOP/s) would allow
+    w = KernelWork(name="ew", dtype="fp16", simt_flops=1e12, tiles=132)
+    assert kernel_time(w, H100, 132) == pytest.approx(1e12 / 132 / SIMT_FP32_PER_SM, rel=1e-9)
+    assert kernel_time(w, H100, 132) == pytest.approx(kernel_time(replace(w, dtype="fp32"), H100, 132))
+    assert kernel_time(replace(w, dtype="bf16"), H100, 132) == kernel_time(w, H100, 132)
+
+
 def test_hbm_curve_matches_the_formula_and_the_h100_measurements():
     for s in (1, 4, 16, 33, 66, 99, 132):
         assert H100.hbm_bandwidth_from(s) == pytest.approx(
@@ -120,8 +130,8 @@ def test_a_grid_smaller_than_the_gpu_spreads_over_distinct_sms():
                    dram_write_bytes=2 * MiB, tiles=64, ctas_per_sm=2)
     lat, parts = kernel_time(w, H100, 132, parts=True)
     assert parts["dram_s"] == pytest.approx(4 * MiB / hbm_curve(64))
-    # each SM runs one tile of 1e6 FLOP alone
-    assert parts["compute_s"] == pytest.approx(1e6 / (133.8e12 * 0.76 / 132))
+    # each SM runs one tile of 1e6 FLOP alone, at the fp32 rate (fp16 data, fp32 math)
+    assert parts["compute_s"] == pytest.approx(1e6 / SIMT_FP32_PER_SM)
 
 
 # -- wave quantization ---------------------------------------------------------------------------

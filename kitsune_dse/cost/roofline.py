@@ -164,7 +164,7 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     if work.tensor_flops:
         per_tile += work.tensor_flops * _tile_padding(work, spec) / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
-        per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
+        per_tile += work.simt_flops / tiles / _simt_rate(work, spec)
     used = _sms_streaming(work, s)
     per_tile = (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
     compute = per_sm * per_tile
@@ -348,7 +348,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     if work.tensor_flops:
         per_tile += work.tensor_flops * _tile_padding(work, spec) / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
-        per_tile += work.simt_flops / tiles / spec.simt_rate_per_sm(work.dtype)
+        per_tile += work.simt_flops / tiles / _simt_rate(work, spec)
     busiest = float(busiest_sm_tiles(work, s, lone_share(work, spec)))
     used = max(float(_sms_streaming(work, s)), 1e-9)
     compute = busiest * (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
@@ -409,7 +409,7 @@ def _fed_tile_s(work: KernelWork, spec: HwSpec, loading_sms):
     feed = _operand_feed_s(work, spec)
     if not feed:
         return 0.0 * loading_sms
-    simt = work.simt_flops / max(1, work.tiles) / spec.simt_rate_per_sm(work.dtype) \
+    simt = work.simt_flops / max(1, work.tiles) / _simt_rate(work, spec) \
         if work.simt_flops else 0.0
     return feed * loading_sms + simt
 
@@ -469,6 +469,15 @@ def _read_overlap_exponent(work: KernelWork, spec: HwSpec) -> float:
     if work.persistent or not _is_gemm(work):
         return 0.0
     return spec.efficiency.gemm_read_overlap_exponent
+
+
+# the runtime's kernels load half-precision and 8-bit values into floats and do their SIMT math
+# (epilogues, element-wise and row ops) in fp32: the fp32 pipes' rate, not the packed one
+SIMT_COMPUTE_DTYPE = {"fp16": "fp32", "bf16": "fp32", "fp8": "fp32", "fp8_e4m3": "fp32", "fp8_e5m2": "fp32"}
+
+
+def _simt_rate(work: KernelWork, spec: HwSpec) -> float:
+    return spec.simt_rate_per_sm(SIMT_COMPUTE_DTYPE.get(work.dtype, work.dtype))
 
 
 def _is_gemm(work: KernelWork) -> bool:
