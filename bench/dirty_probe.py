@@ -4,6 +4,7 @@
   read         a load of every byte (L2 full of clean lines: the dirty ones were written back);
   write+idle   the store, then 200 us of one spinning thread (whether L2 cleans itself idle);
   read+busy    the load, then ~450 us of FMAs on every SM (a kernel's power draw before it);
+  read+gemm    the load, then two cuBLAS 4096^3 fp16 GEMMs (~400 us of tensor-core load);
 and, with --ncu, the DRAM bytes each kernel moves after each flush (ncu, kernel replay of one
 pass, caches left as they are). None is a suite kernel's shape except the 4096 x 4096 LayerNorm
 (ln-residual-gemm's, as a diagnostic).
@@ -35,7 +36,7 @@ CASES = [("relu", (8192, 1024)), ("relu", (32768, 1024)), ("add", (8192, 1024)),
          ("layernorm", (4096, 4096)), ("mmbias", (32768, 1, 256)), ("mmbias", (32768, 128, 256)),
          ("mmbias", (131072, 128, 64)), ("mmbias", (8192, 1024, 1024)), ("mmbias", (4096, 4096, 4096)),
          ("mmbias", (8192, 2048, 2048))]
-FLUSHES = ("write", "read", "write+idle", "read+busy")
+FLUSHES = ("write", "read", "write+idle", "read+busy", "read+gemm")
 FLUSH_BYTES = 256 << 20
 
 _SRC = r"""
@@ -92,6 +93,7 @@ class Flushes:
         self.buf = cp.empty((FLUSH_BYTES // 4,), dtype=cp.uint32)
         self.out = cp.zeros((1,), dtype=cp.uint32)
         self.fout = cp.zeros((1,), dtype=cp.float32)
+        self.ga = self.gb = None
         self.n = 0
 
     def __call__(self, how: str, stream) -> None:
@@ -103,6 +105,13 @@ class Flushes:
             self.read_k((1056,), (512,), (self.buf, cp.uint64(self.buf.size // 4), self.out), stream=stream)
         if how.endswith("idle"):
             self.spin_k((1,), (32,), (cp.int64(int(200e-6 * 1.98e9)),), stream=stream)
+        if how.endswith("gemm"):    # what a chain's first GEMM leaves: tensor-core load, no wait
+            if self.ga is None:
+                self.ga = cp.ones((4096, 4096), dtype=cp.float16)
+                self.gb = cp.ones((4096, 4096), dtype=cp.float16)
+            with stream:
+                for _ in range(2):
+                    cp.matmul(self.ga, self.gb)
         if how.endswith("busy"):    # every SM's FMA pipes for ~450 us, no memory traffic
             self.busy_k((132 * 8,), (256,), (cp.int64(int(450e-6 * 1.98e9)), self.fout), stream=stream)
 
