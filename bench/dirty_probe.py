@@ -18,12 +18,10 @@ pass, caches left as they are). None is a suite kernel's shape except the 4096 x
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -201,12 +199,9 @@ def precompile() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
-    ap.add_argument("--runs", type=int, default=20)
-    ap.add_argument("--precompile", action="store_true")
+    from rowop_probe import probe_parser, save_rows
+    ap = probe_parser(__doc__, 20)
     ap.add_argument("--ncu", action="store_true", help="two runs a case and flush, nothing written")
-    ap.add_argument("--report", default="")
     a = ap.parse_args()
     if a.precompile:
         precompile()
@@ -217,16 +212,8 @@ def main() -> None:
     from kitsune_dse.validate.runtime import gpu_info
     _, env = gpu_info()
     rows = measure(a.runs, a.ncu)
-    if a.ncu:
-        return
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "dirty_probe.json").write_text(json.dumps(
-        {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "runs": a.runs,
-         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
-    for r in rows:
-        print(r["kind"], "x".join(map(str, r["dims"])), r.get("flush"), f"{r.get('time_s', 0) * 1e6:.1f} us",
-              "" if r.get("correct", False) else r.get("error", "WRONG"))
+    if not a.ncu:
+        save_rows(a.out, "dirty_probe.json", env, a.runs, rows, label="flush")
 
 
 if __name__ == "__main__":

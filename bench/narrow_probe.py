@@ -10,11 +10,9 @@ suite kernel's shape (the suite's narrow heads have 262,144 or 2,048 rows).
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,11 +79,8 @@ def precompile() -> None:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
-    ap.add_argument("--runs", type=int, default=15)
-    ap.add_argument("--precompile", action="store_true")
-    ap.add_argument("--report", default="")
+    from rowop_probe import probe_parser, save_rows
+    ap = probe_parser(__doc__, 15)
     ap.add_argument("--short-k", action="store_true", help="the short-K cases instead (short_k_probe.json)")
     a = ap.parse_args()
     if a.precompile:
@@ -97,14 +92,7 @@ def main() -> None:
     from kitsune_dse.validate.runtime import gpu_info
     _, env = gpu_info()
     rows = measure(a.runs, short_k_cases() if a.short_k else None)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / ("short_k_probe.json" if a.short_k else "narrow_probe.json")).write_text(json.dumps(
-        {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "runs": a.runs,
-         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
-    for r in rows:
-        print(r["kind"], "x".join(map(str, r["dims"])), f"{r.get('time_s', 0) * 1e6:.1f} us",
-              "" if r.get("correct", False) else r.get("error", "WRONG"))
+    save_rows(a.out, "short_k_probe.json" if a.short_k else "narrow_probe.json", env, a.runs, rows)
 
 
 if __name__ == "__main__":

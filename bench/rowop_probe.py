@@ -120,13 +120,31 @@ def precompile_variants(*variants_of) -> None:
             print(r[:300], flush=True)
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def probe_parser(doc: str, runs: int) -> argparse.ArgumentParser:
+    """The probes' common command line: --out, --runs, --precompile, --report."""
+    ap = argparse.ArgumentParser(description=doc.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
-    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--runs", type=int, default=runs)
     ap.add_argument("--precompile", action="store_true")
     ap.add_argument("--report", default="")
-    a = ap.parse_args()
+    return ap
+
+
+def save_rows(out: str, name: str, env: dict, runs: int, rows: list[dict], label: str = "") -> None:
+    """A probe's rows as OUT/NAME with the device, date and command, and a line each on stdout
+    (`label`: a row field printed beside its kind and dims)."""
+    path = Path(out)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / name).write_text(json.dumps(
+        {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "runs": runs,
+         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
+    for r in rows:
+        print(r["kind"], "x".join(map(str, r["dims"])), *([r.get(label)] if label else []),
+              f"{r.get('time_s', 0) * 1e6:.1f} us", "" if r.get("correct", False) else r.get("error", "WRONG"))
+
+
+def main() -> None:
+    a = probe_parser(__doc__, 15).parse_args()
     if a.precompile:
         precompile()
         return
@@ -135,15 +153,7 @@ def main() -> None:
         return
     from kitsune_dse.validate.runtime import gpu_info
     _, env = gpu_info()
-    rows = measure(a.runs)
-    out = Path(a.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "rowop_probe.json").write_text(json.dumps(
-        {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "runs": a.runs,
-         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
-    for r in rows:
-        print(r["kind"], "x".join(map(str, r["dims"])), f"{r.get('time_s', 0) * 1e6:.1f} us",
-              "" if r.get("correct", False) else r.get("error", "WRONG"))
+    save_rows(a.out, "rowop_probe.json", env, a.runs, measure(a.runs))
 
 
 if __name__ == "__main__":
