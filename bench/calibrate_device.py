@@ -51,7 +51,9 @@ SUITE_SHAPES = [
     (16384, 3072, 768), (16384, 768, 3072),          # bert-base FFN (gpt3-mlp hidden 768)
 ]
 PIPE_SMS = (8, 16, 33, 66, 99, 132)
-# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 7 = a
+# the harness kernels these runs measure (calibrate.fit.merge_raw mixes no versions): 8 = a
+# persistent step's item offset wraps in every stage (left out where it could not trigger, nvcc
+# scheduled the GEMM main loop worse: bench/codegen_probe.py); 7 = a
 # tilesync consumer's threads wait on the producer's unit counters in parallel (thread 0 alone
 # had waited on them one after the other); 6 = a
 # GEMM split along K waits for its output slot only in the team that sums its partials; 5 = a
@@ -60,7 +62,7 @@ PIPE_SMS = (8, 16, 33, 66, 99, 132)
 # c of a stage is team c // ctas of CTA c % ctas, and K is split into ranges of 16 k-tiles or
 # more; 2 (session 7) K split only when the tiles fill at most half the SMs; 1 (session 7) the
 # old split; 0 before: the two teams of an SM were consecutive workers
-HARNESS_VERSION = 7
+HARNESS_VERSION = 8
 # how cuBLAS is called (calibrate.fit.cublas_version): 1 = cublasGemmStridedBatchedEx via ctypes
 CUBLAS_VERSION = 1
 PIPE_GEMM = (4096, 4096, 4096)
@@ -88,24 +90,9 @@ def tile_cases():
 
 
 def pipe_region(kind: str, dims, sms, rows: int = 128, depth: int = 8):
-    """A microbenchmark case as a pipeline region: one stage of every op on `sms` SMs, or (sms a
-    tuple, one per op) a stage per op, each handing its output to the next through a ring of
-    `depth` plan tiles."""
-    from kitsune_dse.validate.microbench import case_model
-    g, region = case_model(kind, "fp16", dims)
-    ops = list(region["ops"])
-    tile = {"rows": rows, "cols": 128}
-    if isinstance(sms, (tuple, list)):
-        if len(sms) != len(ops):
-            raise ValueError(f"{kind}: {len(sms)} stage SM counts for {len(ops)} ops")
-        stages = [{"id": j, "ops": [o], "sms": s, "ctas": s, "tile": dict(tile)} for j, (o, s) in enumerate(zip(ops, sms))]
-        queues = [{"producer": j, "consumer": j + 1, "tensors": list(g.op(ops[j]).outputs), "depth": depth,
-                   "mode": "row"} for j in range(len(ops) - 1)]
-    else:
-        stages = [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": tile}]
-        queues = []
-    region = {"id": 0, "strategy": "pipeline", "ops": ops, "stages": stages, "queues": queues}
-    return g, region
+    """A microbenchmark case as a pipeline region (validate.microbench.pipe_case_region)."""
+    from kitsune_dse.validate.microbench import pipe_case_region
+    return pipe_case_region(kind, dims, sms, rows, depth)
 
 
 # diagnostics of the persistent kernel (one stage): (label, kind, dims, sms, L2 flushed?[, tile
@@ -808,6 +795,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["efficiency"]["persistent_gemm_hbm"] = pf["persistent_gemm_hbm"]
             data["efficiency"]["persistent_a_stream_share"] = pf["persistent_a_stream_share"]
             data["persistent_a_stream_fill_s"] = pf["a_stream_fill_s"]
+            data["efficiency"]["persistent_feed_exponent"] = pf["persistent_feed_exponent"]
             cal["tile_gemm_fit"] = {k: v for k, v in pf.items() if k != "spec"}
         if sp is harness:   # one spec field each, fitted through the model in this order
             for label, fit_fn, field, key, *ref in ONE_PARAMETER_FITS[:3]:

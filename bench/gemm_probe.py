@@ -120,6 +120,8 @@ def measure(out: Path, runs: int, cases=None) -> None:
                 row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"],
                            items=items, item_s_per_worker=t.median_s / max(1.0, per_worker),
                            placement=v.placement)
+                lay = v.layout   # which SMs the hardware gave the CTAs (bench/gpc_probe.py: their GPCs)
+                row["smids"] = [int(x) for x in v.ctrl.get()[lay.smid_off: lay.smid_off + lay.grid]]
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {e}"
             rows.append(row)

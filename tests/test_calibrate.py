@@ -284,6 +284,26 @@ def test_merge_raw_drops_only_what_a_harness_version_changed():
     assert m["tilesync_probe_rows"][0]["both_s"] == 1.0            # version 7 only
 
 
+def test_merge_raw_drops_the_cases_harness_8_compiled_differently():
+    """Harness 8 emits the item-offset wrap in every persistent stage: a version-7 one-stage
+    case whose step had at least as many items per row-block as workers (4096^3 on 16 SMs: 32
+    column tiles, 32 teams) ran other code and is dropped; on 33 SMs (66 teams) it is kept."""
+    from kitsune_dse.calibrate.fit import merge_raw
+
+    def run(d, hv, v):
+        return {"env": {"date": d}, "harness_version": hv,
+                "pipe_rows": [{"label": "sweep", "kind": "matmul", "dims": [4096, 4096, 4096], "sms": s,
+                               "time_s": v} for s in (16, 33)],
+                "pipe_gemm_fp16_sms": [[16, v], [33, v]],
+                "epilogue_rows": [{"kind": "mmgelu", "dims": [64, 64, 64], "persistent_s": v}]}
+    m = merge_raw([run("a", 8, 1.0), run("b", 7, 3.0)])
+    assert m["harness_version"] == 8
+    by_sms = {r["sms"]: r["time_s"] for r in m["pipe_rows"]}
+    assert by_sms == {16: 1.0, 33: 2.0}                  # 16 SMs from version 8 alone
+    assert m["pipe_gemm_fp16_sms"] == [[16, 1.0], [33, 1.0]]
+    assert m["epilogue_rows"][0]["persistent_s"] == 1.0
+
+
 def test_l2_residency_fit_is_the_half_hit_crossing():
     # re-read hits 0.9 up to 24 MiB, 0.6 at 28, 0.2 at 32: one half is crossed at 29 MiB
     from kitsune_dse.calibrate.fit import fit_l2_residency

@@ -306,6 +306,18 @@ def test_stateless_cursors_visit_the_carried_cursors_items(items, workers):
     assert every == {(rb, j) for rb in range(nrb) for j in range(items)}     # each item once
 
 
+def test_item_offset_wrap_is_emitted_even_where_it_cannot_trigger():
+    """A step with as many items per row-block as workers (4096^3 on 16 SMs: 32 column tiles,
+    32 teams) gets the same cursor code as one with fewer: left out, nvcc scheduled the GEMM
+    main loop 7-12% slower (bench/codegen_probe.py)."""
+    from kitsune_dse.validate.microbench import pipe_case_region
+    for sms in (16, 17):
+        g, region = pipe_case_region("matmul", (4096, 4096, 4096), sms)
+        src = codegen.pipeline_source(layout_pipeline(Region(g, region), region), codegen.BufTable())
+        assert "int nx_0 = c, rb_0 = 0; if (nx_0 >= 32) { rb_0 = nx_0 / 32; nx_0 %= 32; }" in src
+        assert "++rb_0; if (nx_0 >= 32) { rb_0 += nx_0 / 32; nx_0 %= 32; }" in src
+
+
 def test_stateless_cursor_source(monkeypatch):
     reg, region = _region(_plan("gpt3-mlp-t2048-tp8"))
     carried = codegen.pipeline_source(layout_pipeline(reg, region), codegen.BufTable())

@@ -411,13 +411,14 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     meas = np.array([r["time_s"] for r in rows], float)
 
     def with_params(x):
-        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us = (float(v) for v in x)
+        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p = (float(v) for v in x)
         return spec.model_copy(update={
             "gemm_tile_fixed_s": tile_us * 1e-6, "gemm_tile_fixed_idle_s": idle_us * 1e-6, "persistent_gemm_sm_stream_Bps": stream_GBps * 1e9,
             "persistent_gemm_l2_Bps": feed_TBps * 1e12, "persistent_a_stream_fill_s": fill_us * 1e-6,
             "efficiency": spec.efficiency.model_copy(update={
                 "persistent_tensor_core": eff, "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
-                "persistent_lone_team": lone, "persistent_a_stream_share": a_share})})
+                "persistent_lone_team": lone, "persistent_a_stream_share": a_share,
+                "persistent_feed_exponent": feed_p})})
 
     def resid(x):
         sp = with_params(x)
@@ -433,18 +434,19 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     # (the A stream's floor, roofline._a_stream_floor, binds only at one column tile on the
     # whole chip: its share starts at 0.6)
     fit = min((least_squares(resid, [spec.efficiency.tensor_core, 2.0, spec.hbm_per_sm_bandwidth_Bps / 1e9,
-                                     0.5, 0.95 * hbm_max, f * l2_TBps, 2.0, 0.7, 0.6, 8.0],
-                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5, 0.0, 0.5, 0.2, 0.0],
-                                     [1.0, 50.0, 500.0, 1.0, hbm_max, 50.0, 50.0, 1.0, 1.0, 50.0]),
+                                     0.5, 0.95 * hbm_max, f * l2_TBps, 2.0, 0.7, 0.6, 8.0, 4.0],
+                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5, 0.0, 0.5, 0.2, 0.0, 1.0],
+                                     [1.0, 50.0, 500.0, 1.0, hbm_max, 50.0, 50.0, 1.0, 1.0, 50.0, 64.0]),
                              diff_step=1e-3, max_nfev=150) for f in (0.6, 0.8, 1.0)), key=lambda r: r.cost)
     rel = resid(fit.x)
-    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us = (float(v) for v in fit.x)
+    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p = (float(v) for v in fit.x)
     return {"persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
             "tile_fixed_s": tile_us * 1e-6, "tile_fixed_idle_s": idle_us * 1e-6,
             "persistent_lone_team": lone, "sm_stream_Bps": stream_GBps * 1e9,
             "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
             "operand_l2_Bps": feed_TBps * 1e12,
             "persistent_a_stream_share": a_share, "a_stream_fill_s": fill_us * 1e-6,
+            "persistent_feed_exponent": feed_p,
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
             "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}"
@@ -651,9 +653,29 @@ def fit_tilesync_chains(spec: HwSpec, rows: list[dict]) -> dict:
 
 
 HARNESS_KEYS = ("pipe_", "tile_gemm_", "tile_rows", "tilesync_", "kernel_chain_", "boundary_", "epilogue_")
-# harness versions that changed only some kernels (the rest changed them all): 7, a tilesync
-# consumer's threads wait on the unit counters in parallel (only tilesync's waits differ)
-HARNESS_CHANGES = {7: ("tilesync_",)}
+
+
+def _unwrapped_before_v8(key: str, row: dict) -> bool:
+    """Harness 8 emits a persistent step's item-offset wrap in every stage; before, it was left
+    out of steps with at least as many items per row-block as their stage has workers, and nvcc
+    scheduled those GEMM main loops worse (7-12% a tile: bench/codegen_probe.py). True for a
+    calibration pipe case that had such a step: it ran other code then."""
+    if key != "pipe_rows" or "kind" not in row or "dims" not in row or "sms" not in row:
+        return False
+    from kitsune_dse.validate.lower import Region, layout_pipeline
+    from kitsune_dse.validate.microbench import pipe_case_region
+    g, region = pipe_case_region(row["kind"], row["dims"], row["sms"], row.get("tile_rows", 128), row.get("depth", 8))
+    lay = layout_pipeline(Region(g, region), region)
+    return any(lay.steps[s].items >= st.ctas * lay.teams for st in lay.stages for s in st.steps)
+
+
+# harness versions that changed only some kernels (the rest changed them all): key prefixes
+# whose measurements the change made stale, and predicates (key, case) -> stale of single cases.
+# 7, a tilesync consumer's threads wait on the unit counters in parallel (only tilesync's waits
+# differ); 8, the item-offset wrap in every persistent stage (the one-stage cases that lacked it,
+# the sweeps' curves, the epilogue and region-boundary probes' persistent kernels)
+HARNESS_CHANGES = {7: ("tilesync_",),
+                   8: ("pipe_gemm_fp16_sms", "pipe_ew_sms", "epilogue_", "boundary_", _unwrapped_before_v8)}
 
 
 def harness_version(raw: dict) -> int:
@@ -732,12 +754,22 @@ def merge_raw(raws: list[dict]) -> dict:
     # only their measurements of the GPU itself (bandwidths, launches, cuBLAS)
     version = max((harness_version(r) for r in raws), default=0)
 
-    def stale(v: int) -> tuple[str, ...]:
-        """What the harness changed since version v: the keys whose kernels differ."""
-        changed = [HARNESS_CHANGES.get(n, HARNESS_KEYS) for n in range(v + 1, version + 1)]
-        return tuple(dict.fromkeys(k for keys in changed for k in keys))
-    raws = [r if harness_version(r) == version else
-            {k: v for k, v in r.items() if not k.startswith(stale(harness_version(r)))} for r in raws]
+    def stale(v: int) -> tuple[tuple[str, ...], list]:
+        """What the harness changed since version v: the keys whose kernels differ, and the
+        predicates of single stale cases."""
+        changed = [k for n in range(v + 1, version + 1) for k in HARNESS_CHANGES.get(n, HARNESS_KEYS)]
+        return tuple(dict.fromkeys(k for k in changed if isinstance(k, str))), [k for k in changed if callable(k)]
+
+    def current(r: dict) -> dict:
+        if harness_version(r) == version:
+            return r
+        prefixes, cases = stale(harness_version(r))
+        out = {k: v for k, v in r.items() if not k.startswith(prefixes)}
+        for k, v in out.items():
+            if cases and isinstance(v, list) and v and all(isinstance(x, dict) for x in v):
+                out[k] = [x for x in v if not any(p(k, x) for p in cases)]
+        return out
+    raws = [current(r) for r in raws]
     # cuBLAS's figures only from the runs that called it as the cublas variants now do
     cv = max((cublas_version(r) for r in raws), default=0)
     raws = [r if cublas_version(r) == cv else _without_cublas(r) for r in raws]

@@ -476,11 +476,13 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
              # each step keeps the next row-block that has an item of this worker (rb_s) and
              # the item's offset there (nx_s): a worker visits only its own row-blocks. Visiting
              # every row-block cost a worker ~0.1 us each (NeRF's 262144 rows: 2048 row-blocks,
-             # its one-stage GEMM 2.4x slower than the standalone kernel; harness version 4)
+             # its one-stage GEMM 2.4x slower than the standalone kernel; harness version 4).
+             # The offset's wrap is emitted even where it cannot trigger (items >= workers): left
+             # out, nvcc scheduled the GEMM main loop's ldmatrix later against its mma and those
+             # stages ran 7-12% slower per tile (bench/codegen_probe.py; harness version 8)
              *(() if stateless else (
-                 f"    int nx_{sid} = c, rb_{sid} = 0;"
-                 + (f" if (nx_{sid} >= {layout.steps[sid].items}) {{ rb_{sid} = nx_{sid} / {layout.steps[sid].items}; "
-                    f"nx_{sid} %= {layout.steps[sid].items}; }}" if layout.steps[sid].items < S else "")
+                 f"    int nx_{sid} = c, rb_{sid} = 0; if (nx_{sid} >= {layout.steps[sid].items}) "
+                 f"{{ rb_{sid} = nx_{sid} / {layout.steps[sid].items}; nx_{sid} %= {layout.steps[sid].items}; }}"
                  for sid in stage.steps)),
              *([f"    int rb = {_min_expr([f'kdse_next_rb(0, c, {layout.steps[sid].items}, {S})' for sid in stage.steps])};"]
                if stateless else []),
@@ -524,8 +526,7 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
              *([f"    int i = kdse_first_item(rb, c, {st.items}, {S});", f"    if (i < {st.items}) {{"] if stateless else
                [f"    if (rb_{st.sid} == rb) {{",
                 f"    int i = nx_{st.sid}; nx_{st.sid} -= {st.items % S}; if (nx_{st.sid} < 0) nx_{st.sid} += {S}; ++rb_{st.sid};"
-                + (f" if (nx_{st.sid} >= {st.items}) {{ rb_{st.sid} += nx_{st.sid} / {st.items}; nx_{st.sid} %= {st.items}; }}"
-                   if st.items < S else "")])]
+                f" if (nx_{st.sid} >= {st.items}) {{ rb_{st.sid} += nx_{st.sid} / {st.items}; nx_{st.sid} %= {st.items}; }}"])]
         # a GEMM producer waits for its output slot just before the epilogue that writes it (its
         # main loop runs while the consumer still reads the slot's previous generation; split
         # along K, only the team that sums the partials waits, before the sum): harness

@@ -98,6 +98,25 @@ def case_model(kind: str, dtype: str, dims):
     return g, region
 
 
+def pipe_case_region(kind: str, dims, sms, rows: int = 128, depth: int = 8, dtype: str = "fp16"):
+    """A microbenchmark case as a pipeline region (the calibration's persistent kernel cases):
+    one stage of every op on `sms` SMs, or (sms a list, one per op) a stage per op, each handing
+    its output to the next through a ring of `depth` plan tiles. Returns (graph, region dict)."""
+    g, region = case_model(kind, dtype, dims)
+    ops = list(region["ops"])
+    tile = {"rows": rows, "cols": 128}
+    if isinstance(sms, (tuple, list)):
+        if len(sms) != len(ops):
+            raise ValueError(f"{kind}: {len(sms)} stage SM counts for {len(ops)} ops")
+        stages = [{"id": j, "ops": [o], "sms": s, "ctas": s, "tile": dict(tile)} for j, (o, s) in enumerate(zip(ops, sms))]
+        queues = [{"producer": j, "consumer": j + 1, "tensors": list(g.op(ops[j]).outputs), "depth": depth,
+                   "mode": "row"} for j in range(len(ops) - 1)]
+    else:
+        stages = [{"id": 0, "ops": ops, "sms": sms, "ctas": sms, "tile": tile}]
+        queues = []
+    return g, {"id": 0, "strategy": "pipeline", "ops": ops, "stages": stages, "queues": queues}
+
+
 def case_variants(info, tensors_cls=None, cases=CASES):
     """(case, region, Region, [variants]) for every case (build only; used by precompile too)."""
     from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, cublas_plan

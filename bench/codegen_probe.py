@@ -1,0 +1,128 @@
+"""Is it the hardware or the compiled code? One-stage persistent GEMMs whose workers each keep
+fixed column tiles (workers <= column tiles) ran ~10% slower per item than with one worker more
+(bench/sm_sweep_probe.sh: 4096^3 on 16 SMs 105.3 us per item against 95.4 on 17). The two
+sources differ only in the item bookkeeping: with fewer workers than items per row-block the
+generator leaves out the wrap of the item offset, which cannot trigger, and nvcc allocates the
+registers differently (no 16-byte spill). This times each case as generated and with the
+source patched to the other form (the wrap added where it is a no-op), and dumps both SASS.
+
+    here:    python bench/codegen_probe.py --precompile [--case M,N,K@SMS ...]
+    device:  python3 bench/codegen_probe.py --out $OUT [--runs 15]   # -> codegen_probe.json, *.sass
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+if (ROOT / "bench/.cubin_cache").is_dir():
+    os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
+
+DEFAULT_CASES = ["4096,4096,4096@16", "4096,4096,4096@8", "4096,2048,4096@8", "4096,8192,4096@32", "4096,4096,4096@17"]
+
+
+def with_wrap(src: str) -> str:
+    """The source with the item offset's wrap where the generator left it out (a no-op there:
+    the offset never reaches the row-block's item count)."""
+    for sid, n in re.findall(r"// step (\d+): [^\n]*?, (\d+) items per row-block", src):
+        wrap = f"if (nx_{sid} >= {n}) {{{{ rb_{sid} {{op}}= nx_{sid} / {n}; nx_{sid} %= {n}; }}}}"
+        src = re.sub(rf"(int nx_{sid} = c, rb_{sid} = 0;)(?! if)", lambda m: m.group(1) + " " + wrap.format(op=""), src)
+        src = re.sub(rf"(\+\+rb_{sid};)(?! if)", lambda m: m.group(1) + " " + wrap.format(op="+"), src)
+    return src
+
+
+def variants(info, cases):
+    from gemm_probe import parse_cases, variants as gemm_variants
+
+    from kitsune_dse.validate.runtime import PipelineVariant
+
+    class Wrapped(PipelineVariant):
+        def build(self):
+            super().build()
+            self.source = with_wrap(self.source)
+            return self.source
+
+    out = []
+    for (series, dims, sms, flush, reg, v) in gemm_variants(info, parse_cases(cases)):
+        w = Wrapped("plan", reg, v.tensors, info, v.plan_region, 1.0)
+        out += [(dims, sms, "as generated", reg, v), (dims, sms, "wrap added", reg, w)]
+    return out
+
+
+def precompile(cases) -> None:
+    from precompile import compile_one
+
+    from kitsune_dse.validate.plan import DeviceInfo
+    info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+    for dims, sms, form, _, v in variants(info, cases):
+        src = v.build()
+        print(dims, sms, form, "(same source)" if src == with_wrap(src) and form == "as generated" else "",
+              compile_one(src, "sm_90", ROOT / "bench/.cubin_cache")[:160], flush=True)
+
+
+def measure(out: Path, runs: int, cases) -> None:
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import check_variant
+    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.reference import input_roles
+    from kitsune_dse.validate.runtime import cache_dirs, gpu_info, source_key
+    info, env = gpu_info()
+    stream = cp.cuda.Stream(non_blocking=True)
+    flusher = L2Flusher()
+    rows = []
+    out.mkdir(parents=True, exist_ok=True)
+    with stream:
+        for dims, sms, form, reg, v in variants(info, cases):
+            m, n, k = dims
+            row = {"dims": list(dims), "sms": sms, "form": form}
+            v.prepare()
+            chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
+            t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flusher, poison_every=False)
+            items = (m // 128) * -(-n // 128)
+            row.update(time_s=t.median_s, p10_s=t.p10_s, p90_s=t.p90_s, correct=chk["correct"],
+                       item_s_per_worker=t.median_s / max(1.0, items / (2 * sms)),
+                       key=source_key(v.source, info.arch))
+            cubin = next((d / f"{row['key']}.cubin" for d in cache_dirs() if (d / f"{row['key']}.cubin").exists()), None)
+            if cubin is not None:
+                sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout
+                name = f"{'x'.join(map(str, dims))}@{sms}_{form.replace(' ', '_')}.sass"
+                (out / name).write_text(sass)
+                row["sass"] = name
+                row["sass_lines"] = sass.count("\n")
+            rows.append(row)
+            v.tensors.arrays.clear()
+            cp.get_default_memory_pool().free_all_blocks()
+    (out / "codegen_probe.json").write_text(json.dumps(
+        {"env": env, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs,
+         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
+    print(f"{'m x n x k':>16s} {'SMs':>4s} {'form':>13s} {'time us':>9s} {'us/item/worker':>15s} {'SASS lines':>10s}")
+    for r in rows:
+        print(f"{'x'.join(map(str, r['dims'])):>16s} {r['sms']:4d} {r['form']:>13s} {r['time_s'] * 1e6:9.1f} "
+              f"{r['item_s_per_worker'] * 1e6:15.2f} {r.get('sass_lines', 0):10d} {'' if r['correct'] else 'WRONG'}")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
+    ap.add_argument("--runs", type=int, default=15)
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--case", action="append", default=[])
+    a = ap.parse_args()
+    cases = a.case or DEFAULT_CASES
+    if a.precompile:
+        precompile(cases)
+    else:
+        measure(Path(a.out), a.runs, cases)
+
+
+if __name__ == "__main__":
+    main()
