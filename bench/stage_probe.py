@@ -4,6 +4,7 @@ model's time of the same one-stage pipeline (a diagnostic of issue 6).
 
     here:    python bench/stage_probe.py --precompile PLAN.json [PLAN2.json ...]
     device:  python3 bench/stage_probe.py --out $OUT PLAN.json [...]      # -> stage_probe.json
+             (a PLAN may be stage=MODEL:OP+OP@SMS/rROWS: those ops as one stage)
     here:    python bench/stage_probe.py --predict $OUT/stage_probe.json  # model beside each
 """
 from __future__ import annotations
@@ -40,10 +41,30 @@ def stage_regions(path: str):
             yield path, i, j, graph, one
 
 
+def stage_cases(specs: list[str]):
+    """--stage MODEL:OP+OP+...@SMS/rROWS: one-stage kernels of any ops of a model (a stage's
+    steps cut apart), as stage_regions yields them (the plan path is 'model:MODEL')."""
+    from kitsune_dse.graph import load_model
+    for j, spec in enumerate(specs):
+        model, _, rest = spec.rpartition(":")
+        ops, _, rest = rest.partition("@")
+        sms, _, rows = rest.partition("/r")
+        graph = load_model(model, {})
+        one = {"id": 0, "strategy": "pipeline", "ops": ops.split("+"),
+               "stages": [{"id": 0, "ops": ops.split("+"), "sms": int(sms), "ctas": int(sms),
+                           "tile": {"rows": int(rows or 128), "cols": 128}}], "queues": []}
+        yield f"model:{model}", 0, j, graph, one
+
+
+def _all_stages(paths):
+    for p in paths:
+        yield from (stage_cases([p[len("stage="):]]) if p.startswith("stage=") else stage_regions(p))
+
+
 def variants(paths, info):
     from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.runtime import PipelineVariant, Tensors
-    for path, i, j, graph, one in (x for p in paths for x in stage_regions(p)):
+    for path, i, j, graph, one in _all_stages(paths):
         reg = Region(graph, one)
         yield path, i, j, one, reg, PipelineVariant("plan", reg, Tensors(reg), info, one, 1.0)
 
@@ -103,7 +124,9 @@ def predict(path: Path, spec_path: str) -> None:
     data = json.loads(path.read_text())
     graphs = {}
     for r in data["rows"]:
-        if r["plan"] not in graphs:
+        if r["plan"] not in graphs and r["plan"].startswith("model:"):
+            graphs[r["plan"]] = load_model(r["plan"][len("model:"):], {})
+        elif r["plan"] not in graphs:
             plan = load_plan(r["plan"])
             graphs[r["plan"]] = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
         g = graphs[r["plan"]]

@@ -315,6 +315,30 @@ def test_persistent_gemm_step_by_hand():
     assert kernel_time(few, sp, np.array([132.0]))[0] == pytest.approx(kernel_time(few, sp, 132), rel=1e-12)
 
 
+def test_persistent_gemm_feed_as_a_p_norm_by_hand():
+    """With efficiency.persistent_feed_exponent p the step's time is the p-norm of its math and
+    its operand feed: above both, at most 2^(1/p) times the larger; p = 0 is the larger alone."""
+    from kitsune_dse.cost.roofline import _kernel_time_scalar
+    eff = H100.efficiency.model_copy(update={"persistent_feed_exponent": 4.0})
+    sp = H100.model_copy(update={"gemm_tile_fixed_s": 0.0, "persistent_gemm_l2_Bps": 4e12, "efficiency": eff})
+    rate = sp.tensor_rate_per_sm("fp16")
+    step = KernelWork("p", "fp16", tensor_flops=1024 * 2 * 128 * 128 * 4096, tiles=1024,
+                      ctas_per_sm=2, tile_shape=(128, 128), persistent=True)
+    for sms, per_sm in ((132, 8), (99, 12), (66, 16)):     # tiles on the busiest SM
+        fed = per_sm * 256 * 4096 * 2 * sms / 4e12
+        math_s = per_sm * 2 * 128 * 128 * 4096 / rate
+        want = (fed ** 4 + math_s ** 4) ** 0.25
+        assert kernel_time(step, sp, sms) == pytest.approx(want, rel=1e-12)
+        assert _kernel_time_scalar(step, sp, float(sms)) == pytest.approx(want, rel=1e-12)
+        assert max(fed, math_s) < want <= 2 ** 0.25 * max(fed, math_s)
+    vec = kernel_time(step, sp, np.array([8.0, 33.0, 66.0, 132.0]))
+    assert list(vec) == pytest.approx([_kernel_time_scalar(step, sp, s) for s in (8.0, 33.0, 66.0, 132.0)], rel=1e-12)
+    assert np.all(np.diff(vec) <= 0)        # more SMs never slower
+    # a step with no feed (not a persistent GEMM) is unchanged by p
+    ew = KernelWork("e", "fp16", dram_read_bytes=1e8, tiles=1024, persistent=True)
+    assert kernel_time(ew, sp, 66) == kernel_time(ew, H100, 66)
+
+
 def test_persistent_gemm_operand_feed_by_hand():
     """Every SM in use loads its tiles' A and B slices from L2 through one shared feed: a
     128x128 fp16 tile of K = 4096 loads (128 + 128) x 4096 x 2 bytes = 2 MiB."""

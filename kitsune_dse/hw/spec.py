@@ -89,6 +89,11 @@ class Efficiency(_Strict):
                                   # of that ceiling, what a persistent GEMM step's A operand read
                                   # from DRAM slab by slab reaches: a floor on the step's time
                                   # (0: none)
+    persistent_feed_exponent: Annotated[float, Field(ge=0, le=64, allow_inf_nan=False)] = 0.0
+                                  # a persistent GEMM step's time against its L2 operand feed:
+                                  # the p-norm of the two, this p (the SMs' tile loads queue at L2
+                                  # before the feed saturates: 4096^3 per tile flat to 48 SMs,
+                                  # +3% at 66, +14% at 99); 0: the larger of the two
     persistent_lone_team: Annotated[float, Field(ge=0.5, le=1)] = 0.5  # a persistent GEMM tile
                                   # alone on its SM: its share of the SM's two-team rate (0.5:
                                   # no faster than beside the other team)
@@ -153,7 +158,7 @@ class Efficiency(_Strict):
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "gemm_k_tile", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "gemm_read_overlap_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_a_stream_share",
+                   "gemm_read_overlap_exponent", "persistent_feed_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_a_stream_share",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_inner_writeback_center", "l2_inner_writeback_width",
                    "l2_local_frame_share", "l2_resident_reread",
