@@ -418,7 +418,8 @@ def _with_feed(core, feed, spec: HwSpec):
     """A persistent GEMM step's time with its L2 operand feed (feed 0: none): the p-norm of the
     two (efficiency.persistent_feed_exponent), or the larger where p is 0. The 4096^3 one-stage
     kernel's time per tile is flat up to 48 SMs and then rises before the feed binds (+3% at 66
-    SMs, +14% at 99, +21% at 132: bench/sm_sweep_probe.sh): the tile loads queue at L2 first."""
+    SMs, +14% at 99, +21% at 132: bench/sm_sweep_probe.sh), as if the tile loads contended at L2
+    before the feed saturates (the mechanism is not measured apart)."""
     p = spec.efficiency.persistent_feed_exponent
     if np.ndim(core) == 0 and np.ndim(feed) == 0:     # the search's scalar path
         core, feed = float(core), float(feed)
