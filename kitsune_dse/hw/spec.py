@@ -91,9 +91,9 @@ class Efficiency(_Strict):
                                   # (0: none)
     persistent_feed_exponent: Annotated[float, Field(ge=0, le=64, allow_inf_nan=False)] = 0.0
                                   # a persistent GEMM step's time against its L2 operand feed:
-                                  # the p-norm of the two, this p (the SMs' tile loads queue at L2
-                                  # before the feed saturates: 4096^3 per tile flat to 48 SMs,
-                                  # +3% at 66, +14% at 99); 0: the larger of the two
+                                  # the p-norm of the two, this p (4096^3 per tile is flat to 48
+                                  # SMs, +3% at 66, +14% at 99, +21% at 132: rising before the
+                                  # feed saturates); 0: the larger of the two
     persistent_lone_team: Annotated[float, Field(ge=0.5, le=1)] = 0.5  # a persistent GEMM tile
                                   # alone on its SM: its share of the SM's two-team rate (0.5:
                                   # no faster than beside the other team)
