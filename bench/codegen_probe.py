@@ -7,7 +7,9 @@ registers differently (no 16-byte spill). This times each case as generated and 
 source patched to the other form (the wrap added where it is a no-op), and dumps both SASS.
 
     here:    python bench/codegen_probe.py --precompile [--case M,N,K@SMS ...]
-    device:  python3 bench/codegen_probe.py --out $OUT [--runs 15]   # -> codegen_probe.json, *.sass
+    device:  python3 bench/codegen_probe.py --out $OUT [--runs 15]   # -> codegen_probe.json
+    (--case KIND:M,N,K@SMS and --form NAME for other cases and source transforms; each row gets
+    its GEMM main loops' scores, bench/sass_loops.py)
 """
 from __future__ import annotations
 
@@ -39,36 +41,62 @@ def with_wrap(src: str) -> str:
     return src
 
 
-def variants(info, cases):
+def with_live_pointer(src: str) -> str:
+    """The source with one more pointer kept live across every GEMM tile's main loop (loaded
+    before the tile, compared after it: a branch that is never taken), as an epilogue's bias or
+    residual pointer is: does that alone move nvcc's schedule of the loop, and the tile's time?"""
+    out, n = re.subn(r"(\n(\s*)gemm_tile<[^;]*;)",
+                     lambda m: (f"\n{m.group(2)}const void* kdse_live = bufs[0];" + m.group(1)
+                                + f"\n{m.group(2)}if (kdse_live == (const void*)ctrl) ctrl[1] = 7u;"), src)
+    return out
+
+
+def with_noinline(src: str) -> str:
+    """The source with the GEMM tile compiled as a called function (__noinline__): its main
+    loop's registers allocated apart from the stage code around the call."""
+    from kitsune_dse.validate.runtime import expand_includes
+    out = expand_includes(src)
+    assert "KDSE_INLINE void gemm_tile(" in out
+    return out.replace("KDSE_INLINE void gemm_tile(", "__device__ __noinline__ void gemm_tile(")
+
+
+FORMS = {"wrap added": with_wrap, "live pointer": with_live_pointer, "noinline": with_noinline,
+         "noinline + live pointer": lambda s: with_noinline(with_live_pointer(s))}
+
+
+def variants(info, cases, forms=("wrap added",)):
     from gemm_probe import parse_cases, variants as gemm_variants
 
     from kitsune_dse.validate.runtime import PipelineVariant
 
-    class Wrapped(PipelineVariant):
-        def build(self):
-            super().build()
-            self.source = with_wrap(self.source)
-            return self.source
+    def transformed(form):
+        class Transformed(PipelineVariant):
+            def build(self):
+                super().build()
+                self.source = FORMS[form](self.source)
+                return self.source
+        return Transformed
 
     out = []
-    for (series, dims, sms, flush, reg, v) in gemm_variants(info, parse_cases(cases)):
-        w = Wrapped("plan", reg, v.tensors, info, v.plan_region, 1.0)
-        out += [(dims, sms, "as generated", reg, v), (dims, sms, "wrap added", reg, w)]
+    for (series, dims, sms, flush, reg, v), case in zip(gemm_variants(info, parse_cases(cases)), cases):
+        kind = case.rpartition(":")[0] or "matmul"
+        out.append((dims, sms, "as generated", reg, v, kind))
+        out += [(dims, sms, form, reg, transformed(form)("plan", reg, v.tensors, info, v.plan_region, 1.0), kind)
+                for form in forms]
     return out
 
 
-def precompile(cases) -> None:
+def precompile(cases, forms) -> None:
     from precompile import compile_one
 
     from kitsune_dse.validate.plan import DeviceInfo
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
-    for dims, sms, form, _, v in variants(info, cases):
+    for dims, sms, form, _, v, kind in variants(info, cases, forms):
         src = v.build()
-        print(dims, sms, form, "(same source)" if src == with_wrap(src) and form == "as generated" else "",
-              compile_one(src, "sm_90", ROOT / "bench/.cubin_cache")[:160], flush=True)
+        print(kind, dims, sms, form, compile_one(src, "sm_90", ROOT / "bench/.cubin_cache")[:160], flush=True)
 
 
-def measure(out: Path, runs: int, cases) -> None:
+def measure(out: Path, runs: int, cases, forms) -> None:
     import cupy as cp
 
     from kitsune_dse.validate.harness import check_variant
@@ -81,9 +109,9 @@ def measure(out: Path, runs: int, cases) -> None:
     rows = []
     out.mkdir(parents=True, exist_ok=True)
     with stream:
-        for dims, sms, form, reg, v in variants(info, cases):
+        for dims, sms, form, reg, v, kind in variants(info, cases, forms):
             m, n, k = dims
-            row = {"dims": list(dims), "sms": sms, "form": form}
+            row = {"kind": kind, "dims": list(dims), "sms": sms, "form": form}
             v.prepare()
             chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
             t = time_runs(v.run, v.pre, v.after, stream, runs, 2, flusher, poison_every=False)
@@ -94,20 +122,20 @@ def measure(out: Path, runs: int, cases) -> None:
             cubin = next((d / f"{row['key']}.cubin" for d in cache_dirs() if (d / f"{row['key']}.cubin").exists()), None)
             if cubin is not None:
                 sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout
-                name = f"{'x'.join(map(str, dims))}@{sms}_{form.replace(' ', '_')}.sass"
-                (out / name).write_text(sass)
-                row["sass"] = name
+                name = f"{kind}_{'x'.join(map(str, dims))}_{sms}sms_{form.replace(' ', '_')}.sass"
+                from sass_loops import loops_of
                 row["sass_lines"] = sass.count("\n")
+                row["loop_scores"] = [x["hmma_before_ldsm"] for x in loops_of(sass) if x["hmma"] >= 64]
             rows.append(row)
             v.tensors.arrays.clear()
             cp.get_default_memory_pool().free_all_blocks()
     (out / "codegen_probe.json").write_text(json.dumps(
         {"env": env, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs,
          "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
-    print(f"{'m x n x k':>16s} {'SMs':>4s} {'form':>13s} {'time us':>9s} {'us/item/worker':>15s} {'SASS lines':>10s}")
+    print(f"{'kind':>10s} {'m x n x k':>16s} {'SMs':>4s} {'form':>13s} {'time us':>9s} {'us/item/worker':>15s} loop scores")
     for r in rows:
-        print(f"{'x'.join(map(str, r['dims'])):>16s} {r['sms']:4d} {r['form']:>13s} {r['time_s'] * 1e6:9.1f} "
-              f"{r['item_s_per_worker'] * 1e6:15.2f} {r.get('sass_lines', 0):10d} {'' if r['correct'] else 'WRONG'}")
+        print(f"{r['kind']:>10s} {'x'.join(map(str, r['dims'])):>16s} {r['sms']:4d} {r['form']:>13s} {r['time_s'] * 1e6:9.1f} "
+              f"{r['item_s_per_worker'] * 1e6:15.2f} {r.get('loop_scores')} {'' if r['correct'] else 'WRONG'}")
 
 
 def main() -> None:
@@ -115,13 +143,16 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
     ap.add_argument("--runs", type=int, default=15)
     ap.add_argument("--precompile", action="store_true")
-    ap.add_argument("--case", action="append", default=[])
+    ap.add_argument("--case", action="append", default=[], help="[KIND:]M,N,K@SMS (gemm_probe's cases)")
+    ap.add_argument("--form", action="append", default=[], choices=sorted(FORMS),
+                    help="source transforms to time beside the generated source (default: wrap added)")
     a = ap.parse_args()
     cases = a.case or DEFAULT_CASES
+    forms = tuple(a.form) or ("wrap added",)
     if a.precompile:
-        precompile(cases)
+        precompile(cases, forms)
     else:
-        measure(Path(a.out), a.runs, cases)
+        measure(Path(a.out), a.runs, cases, forms)
 
 
 if __name__ == "__main__":
