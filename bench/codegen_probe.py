@@ -60,7 +60,52 @@ def with_noinline(src: str) -> str:
     return out.replace("KDSE_INLINE void gemm_tile(", "__device__ __noinline__ void gemm_tile(")
 
 
-FORMS = {"wrap added": with_wrap, "live pointer": with_live_pointer, "noinline": with_noinline,
+# the main loop's inner k-step as gemm.cuh has it (all A fragments, then each B's and the MMAs)
+# and with B's fragments first and A's one row of warp tiles at a time: 12 fragment registers
+# live instead of 24 for one product (a candidate for register headroom)
+_KSTEP_ALL_A = """            u32 af[MI][4];
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi)
+                ldmatrix_x4(af[mi], As + (wm * WM + mi * 16 + (lane & 15)) * Cfg::A_LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const elem_t* Bs = As + Cfg::A_STAGE + b * Cfg::B_STAGE;
+                u32 bf[NI][2];"""
+_KSTEP_B_FIRST = """            u32 bfs[NB][NI][2];
+#pragma unroll
+            for (int b = 0; b < NB; ++b) {
+                const elem_t* Bs = As + Cfg::A_STAGE + b * Cfg::B_STAGE;
+                u32 (&bf)[NI][2] = bfs[b];"""
+_MMA_ALL_A = """#pragma unroll
+                for (int mi = 0; mi < MI; ++mi)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ++ni)
+                        Mma<elem_t>::run(acc[b][mi][ni], af[mi], bf[ni][0], bf[ni][1]);
+            }"""
+_MMA_A_ROWS = """            }
+#pragma unroll
+            for (int mi = 0; mi < MI; ++mi) {
+                u32 af[4];
+                ldmatrix_x4(af, As + (wm * WM + mi * 16 + (lane & 15)) * Cfg::A_LD + kk * 16 + (lane >> 4) * 8);
+#pragma unroll
+                for (int b = 0; b < NB; ++b)
+#pragma unroll
+                    for (int ni = 0; ni < NI; ++ni)
+                        Mma<elem_t>::run(acc[b][mi][ni], af, bfs[b][ni][0], bfs[b][ni][1]);
+            }"""
+
+
+def with_a_rows(src: str) -> str:
+    """The source with the main loop's k-step loading B's fragments first and A's one row of
+    warp tiles at a time (the same MMAs in another order, fewer fragment registers live)."""
+    from kitsune_dse.validate.runtime import expand_includes
+    out = expand_includes(src)
+    assert _KSTEP_ALL_A in out and _MMA_ALL_A in out
+    return out.replace(_KSTEP_ALL_A, _KSTEP_B_FIRST).replace(_MMA_ALL_A, _MMA_A_ROWS)
+
+
+FORMS = {"wrap added": with_wrap, "a rows": with_a_rows,
+         "a rows + live pointer": lambda s: with_a_rows(with_live_pointer(s)), "live pointer": with_live_pointer, "noinline": with_noinline,
          "noinline + live pointer": lambda s: with_noinline(with_live_pointer(s))}
 
 
