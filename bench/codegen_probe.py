@@ -4,7 +4,10 @@ fixed column tiles (workers <= column tiles) ran ~10% slower per item than with 
 sources differ only in the item bookkeeping: with fewer workers than items per row-block the
 generator leaves out the wrap of the item offset, which cannot trigger, and nvcc allocates the
 registers differently (no 16-byte spill). This times each case as generated and with the
-source patched to the other form (the wrap added where it is a no-op), and dumps both SASS.
+source patched to the other form (the wrap added where it is a no-op). Since harness 8 the
+generator emits the wrap itself, so the default cases compare a source with itself (the
+harness-7 run is results/validation/h100/codegen_probe/codegen_probe.json); --form adds other
+transforms (a live pointer, the tile as a called function, another fragment order).
 
     here:    python bench/codegen_probe.py --precompile [--case M,N,K@SMS ...]
     device:  python3 bench/codegen_probe.py --out $OUT [--runs 15]   # -> codegen_probe.json
