@@ -48,10 +48,9 @@ def with_live_pointer(src: str) -> str:
     """The source with one more pointer kept live across every GEMM tile's main loop (loaded
     before the tile, compared after it: a branch that is never taken), as an epilogue's bias or
     residual pointer is: does that alone move nvcc's schedule of the loop, and the tile's time?"""
-    out, n = re.subn(r"(\n(\s*)gemm_tile<[^;]*;)",
-                     lambda m: (f"\n{m.group(2)}const void* kdse_live = bufs[0];" + m.group(1)
-                                + f"\n{m.group(2)}if (kdse_live == (const void*)ctrl) ctrl[1] = 7u;"), src)
-    return out
+    return re.sub(r"(\n(\s*)gemm_tile<[^;]*;)",
+                  lambda m: (f"\n{m.group(2)}const void* kdse_live = bufs[0];" + m.group(1)
+                             + f"\n{m.group(2)}if (kdse_live == (const void*)ctrl) ctrl[1] = 7u;"), src)
 
 
 def with_noinline(src: str) -> str:
@@ -107,9 +106,12 @@ def with_a_rows(src: str) -> str:
     return out.replace(_KSTEP_ALL_A, _KSTEP_B_FIRST).replace(_MMA_ALL_A, _MMA_A_ROWS)
 
 
-FORMS = {"wrap added": with_wrap, "a rows": with_a_rows,
-         "a rows + live pointer": lambda s: with_a_rows(with_live_pointer(s)), "live pointer": with_live_pointer, "noinline": with_noinline,
-         "noinline + live pointer": lambda s: with_noinline(with_live_pointer(s))}
+FORMS = {"wrap added": with_wrap,
+         "live pointer": with_live_pointer,
+         "noinline": with_noinline,
+         "noinline + live pointer": lambda s: with_noinline(with_live_pointer(s)),
+         "a rows": with_a_rows,
+         "a rows + live pointer": lambda s: with_a_rows(with_live_pointer(s))}
 
 
 def variants(info, cases, forms=("wrap added",)):
