@@ -106,7 +106,44 @@ def with_a_rows(src: str) -> str:
     return out.replace(_KSTEP_ALL_A, _KSTEP_B_FIRST).replace(_MMA_ALL_A, _MMA_A_ROWS)
 
 
+_U32_HELPERS = """
+KDSE_INLINE void ldmatrix_x4_u(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+KDSE_INLINE void ldmatrix_x4_trans_u(u32 (&r)[4], u32 addr) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3]) : "r"(addr));
+}
+"""
+
+
+def with_u32_lds(src: str) -> str:
+    """The source with the main loop's ldmatrix addresses as 32-bit shared-memory offsets from
+    a base computed once per tile (not generic 64-bit pointers converted at every load): fewer
+    registers live across the loop."""
+    from kitsune_dse.validate.runtime import expand_includes
+    out = expand_includes(src)
+    loop = "    for (int i = 0; i < nkt; ++i) {\n"
+    a_stage = "        const elem_t* As = smem + (i % STAGES) * Cfg::STAGE;\n"
+    a_load = "ldmatrix_x4(af[mi], As + (wm * WM + mi * 16 + (lane & 15)) * Cfg::A_LD + kk * 16 + (lane >> 4) * 8);"
+    b_load = ("ldmatrix_x4_trans(r, Bs + (kk * 16 + (lane & 15)) * Cfg::B_LD + wn * WN + nj * 16 + (lane >> 4) * 8);")
+    for t in (loop, a_stage, a_load, b_load, "template <class Cfg, class Epi, class Hook>"):
+        assert out.count(t) == 1, t
+    out = out.replace("template <class Cfg, class Epi, class Hook>", _U32_HELPERS + "template <class Cfg, class Epi, class Hook>")
+    out = out.replace(loop, "    const u32 kdse_sbase = smem_u32(smem);\n"
+                      "    const u32 kdse_aoff = ((wm * WM + (lane & 15)) * Cfg::A_LD + (lane >> 4) * 8) * 2;\n"
+                      "    const u32 kdse_boff = ((lane & 15) * Cfg::B_LD + wn * WN + (lane >> 4) * 8) * 2;\n" + loop)
+    out = out.replace(a_stage, a_stage + "        const u32 kdse_as = kdse_sbase + (u32)((i % STAGES) * Cfg::STAGE * 2);\n")
+    out = out.replace(a_load, "ldmatrix_x4_u(af[mi], kdse_as + kdse_aoff + (u32)((mi * 16 * Cfg::A_LD + kk * 16) * 2));")
+    out = out.replace(b_load, "ldmatrix_x4_trans_u(r, kdse_as + (u32)((Cfg::A_STAGE + b * Cfg::B_STAGE) * 2) + kdse_boff"
+                              " + (u32)((kk * 16 * Cfg::B_LD + nj * 16) * 2));")
+    return out
+
+
 FORMS = {"wrap added": with_wrap,
+         "u32 lds": with_u32_lds,
+         "u32 lds + live pointer": lambda s: with_u32_lds(with_live_pointer(s)),
          "live pointer": with_live_pointer,
          "noinline": with_noinline,
          "noinline + live pointer": lambda s: with_noinline(with_live_pointer(s)),
