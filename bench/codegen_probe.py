@@ -17,12 +17,10 @@ transforms (a live pointer, the tile as a called function, another fragment orde
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -190,11 +188,12 @@ def measure(out: Path, runs: int, cases, forms) -> None:
     from kitsune_dse.validate.measure import L2Flusher, time_runs
     from kitsune_dse.validate.reference import input_roles
     from kitsune_dse.validate.runtime import cache_dirs, gpu_info, source_key
+    from rowop_probe import save_rows
+    from sass_loops import loops_of
     info, env = gpu_info()
     stream = cp.cuda.Stream(non_blocking=True)
     flusher = L2Flusher()
     rows = []
-    out.mkdir(parents=True, exist_ok=True)
     with stream:
         for dims, sms, form, reg, v, kind in variants(info, cases, forms):
             m, n, k = dims
@@ -209,16 +208,12 @@ def measure(out: Path, runs: int, cases, forms) -> None:
             cubin = next((d / f"{row['key']}.cubin" for d in cache_dirs() if (d / f"{row['key']}.cubin").exists()), None)
             if cubin is not None:
                 sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], capture_output=True, text=True).stdout
-                name = f"{kind}_{'x'.join(map(str, dims))}_{sms}sms_{form.replace(' ', '_')}.sass"
-                from sass_loops import loops_of
                 row["sass_lines"] = sass.count("\n")
                 row["loop_scores"] = [x["hmma_before_ldsm"] for x in loops_of(sass) if x["hmma"] >= 64]
             rows.append(row)
             v.tensors.arrays.clear()
             cp.get_default_memory_pool().free_all_blocks()
-    (out / "codegen_probe.json").write_text(json.dumps(
-        {"env": env, "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "runs": runs,
-         "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
+    save_rows(str(out), "codegen_probe.json", env, runs, rows, echo=False)
     print(f"{'kind':>10s} {'m x n x k':>16s} {'SMs':>4s} {'form':>13s} {'time us':>9s} {'us/item/worker':>15s} loop scores")
     for r in rows:
         print(f"{r['kind']:>10s} {'x'.join(map(str, r['dims'])):>16s} {r['sms']:4d} {r['form']:>13s} {r['time_s'] * 1e6:9.1f} "

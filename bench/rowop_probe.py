@@ -130,15 +130,16 @@ def probe_parser(doc: str, runs: int) -> argparse.ArgumentParser:
     return ap
 
 
-def save_rows(out: str, name: str, env: dict, runs: int, rows: list[dict], label: str = "") -> None:
-    """A probe's rows as OUT/NAME with the device, date and command, and a line each on stdout
-    (`label`: a row field printed beside its kind and dims)."""
+def save_rows(out: str, name: str, env: dict, runs: int, rows: list[dict], label: str = "",
+              echo: bool = True) -> None:
+    """A probe's rows as OUT/NAME with the device, date and command, and (echo) a line each on
+    stdout (`label`: a row field printed beside its kind and dims)."""
     path = Path(out)
     path.mkdir(parents=True, exist_ok=True)
     (path / name).write_text(json.dumps(
         {"env": env, "date": time.strftime("%Y-%m-%dT%H:%MZ", time.gmtime()), "runs": runs,
          "command": " ".join(["python3"] + sys.argv), "rows": rows}, indent=1))
-    for r in rows:
+    for r in rows if echo else ():
         print(r["kind"], "x".join(map(str, r["dims"])), *([r.get(label)] if label else []),
               f"{r.get('time_s', 0) * 1e6:.1f} us", "" if r.get("correct", False) else r.get("error", "WRONG"))
 

@@ -19,7 +19,6 @@ from pathlib import Path
 CLASSES = {"HMMA": "H", "LDSM": "L", "LDGSTS": "G", "BAR": "B", "LDGDEPBAR": "D", "DEPBAR": "W",
            "STL": "S", "LDL": "R"}
 INSTR = re.compile(r"/\*([0-9a-f]{4,})\*/\s+(@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)[^;]*;")
-BRANCH = re.compile(r"BRA\s+(?:`\(\.L_x_\d+\)|(0x[0-9a-f]+))")
 
 
 def loops_of(sass: str) -> list[dict]:
