@@ -404,7 +404,8 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     the relative error: its tensor rate, a fixed cost per 128x128 output tile, the DRAM bytes
     per second one SM's tiles stream (cp.async loads of two teams, latency-bound far below what
     a streaming kernel pulls), how much of that stream hides under the math, its ceiling over
-    datasheet HBM, the L2 feed every SM's tile loads share (roofline._operand_feed_s), and the
+    datasheet HBM, the L2 feed every SM's tile loads share (roofline._operand_feed_s) and the p-norm
+    exponent it combines with the math by (roofline._with_feed), and the
     A operand's own DRAM stream, a floor with its fill and drain (roofline._a_stream_floor).
     Returns the constants, the residuals and the spec that carries them."""
     peak = spec.tensor_peak_flop_per_s["fp16"]
