@@ -183,11 +183,16 @@ def test_tile_handoff_fit_recovers_the_constants_it_was_made_from():
         w = kernel_works(CRegion.of(g), [(o.name,) for o in g.ops], sp)[0]
         x = float(busiest_sm_tiles(w, sp.sm_count))
         plain = 1e-4 * (1 + i)
+        # a GEMM or wide norm (one CTA per SM) pays 0.25 us a signalled tile, a kernel sharing
+        # its SMs 0.03
+        sig = plain + 2e-6 + (0.03e-6 if w.ctas_per_sm > 1 else 0.25e-6) * x
         rows.append({"kind": kind, "dims": list(dims), "plain_s": plain,
-                     "signal_s": plain + 2e-6 + 0.25e-6 * x, "both_s": plain + 2e-6 + 0.35e-6 * x})
+                     "signal_s": sig, "both_s": sig + 0.1e-6 * x})
     fit = fit_tile_handoff(sp, rows)
+    assert any(fit["shared_sm"]) and not all(fit["shared_sm"])
     assert fit["fixed_s"] == pytest.approx(2e-6, rel=1e-6)
     assert fit["tile_signal_s"] == pytest.approx(0.25e-6, rel=1e-6)
+    assert fit["tile_signal_shared_s"] == pytest.approx(0.03e-6, rel=1e-6)
     assert fit["tile_wait_s"] == pytest.approx(0.1e-6, rel=1e-6)
     assert fit["rms_s"] < 1e-12
 
@@ -198,6 +203,7 @@ def test_the_committed_harness_spec_carries_the_tile_handoff_fit():
     assert len(fit["busiest_sm_tiles"]) >= 5
     assert sp.tile_signal_s == pytest.approx(fit["tile_signal_s"])
     assert sp.tile_wait_s == pytest.approx(fit["tile_wait_s"])
+    assert sp.tile_signal_shared_s == pytest.approx(fit["tile_signal_shared_s"])
     assert sp.tilesync_fixed_s == pytest.approx(fit["fixed_s"])
     assert 0 <= sp.tile_signal_s < 2e-6 and 0 <= sp.tile_wait_s < 2e-6
 

@@ -248,7 +248,7 @@ def test_tilesync_lies_between_the_dram_floor_and_fusion(g, hw):
     the launch gap); the per-tile hand-offs only ever add time."""
     note(describe(g))
     r = Region.of(g)
-    free = hw.model_copy(update={"tile_signal_s": 0.0, "tile_wait_s": 0.0, "tilesync_fixed_s": 0.0,
+    free = hw.model_copy(update={"tile_signal_s": 0.0, "tile_signal_shared_s": 0.0, "tile_wait_s": 0.0, "tilesync_fixed_s": 0.0,
                                  "tilesync_handoff_s": 0.0})
     t, f, t0 = tilesync(r, hw), fusion(r, hw), tilesync(r, free)
     # its kernels' traffic without the operand re-reads that depend on the tile they run
@@ -367,7 +367,7 @@ def test_compare_runs_on_every_model_and_spec(model, spec_name):
         assert e.dram_bytes >= sum(Region.of(g).compulsory_bytes()) * (1 - 1e-9) - 1, name
     rows = compare_rows(res)
     assert [r["strategy"] for r in rows] == list(res)
-    free = hw.model_copy(update={"tile_signal_s": 0.0, "tile_wait_s": 0.0, "tilesync_fixed_s": 0.0,
+    free = hw.model_copy(update={"tile_signal_s": 0.0, "tile_signal_shared_s": 0.0, "tile_wait_s": 0.0, "tilesync_fixed_s": 0.0,
                                  "tilesync_handoff_s": 0.0})
     assert tilesync(Region.of(g), free).latency_s <= res["fusion"].latency_s * (1 + REL)
 

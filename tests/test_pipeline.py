@@ -590,3 +590,29 @@ def test_the_concurrent_stream_fit_recovers_a_synthetic_truth():
 def load_spec_calibrated():
     from kitsune_dse.hw import load_spec
     return load_spec("h100-sxm.calibrated").model_copy(update={"concurrent_stream_Bps": None})
+
+
+@pytest.mark.parametrize("model, stages, sms", [
+    ("nerf-mlp", [["fc1", "relu1", "fc2", "relu2", "fc3", "relu3"], ["fc4", "relu4", "fc5", "relu5", "skip_concat"],
+                  ["fc6", "relu6", "fc7", "relu7", "fc8", "relu8"],
+                  ["sigma_fc", "sigma_relu", "feature_fc", "dir_concat", "view_fc", "view_relu", "rgb_fc",
+                   "rgb_sigmoid"]], [30, 36, 36, 30]),
+    ("ln-residual-gemm", [["ln1", "gemm1", "residual1"], ["ln2", "gemm2", "residual2"]], [66, 66])])
+def test_steps_evicted_writes_add_up_to_the_queue_write_back(model, stages, sms):
+    """Each step's evicted ring writes are its share of the region's queue write-back, and
+    part of its DRAM writes (the region's DRAM totals still carry them)."""
+    from kitsune_dse.cost.pipeline import stage_works
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.hw import load_spec
+    g = load_model(f"models/{model}.yaml", {})
+    hw = load_spec("h100-sxm.calibrated")
+    ops = tuple(o for st in stages for o in st)
+    plan = plan_stages(Region.of(g, ops), hw, PipelineChoice(tuple(map(tuple, stages)), tuple(sms), 128))
+    works, tot = stage_works(Region.of(g, ops), hw, plan)
+    units = plan.row_blocks * plan.slabs
+    evicted = sum(w.evicted_write_bytes * units / w.inflight for st in works for w in st)
+    assert tot["queue_write_back_bytes"] > 0
+    assert evicted == pytest.approx(tot["queue_write_back_bytes"], rel=1e-9)
+    for st in works:
+        for w in st:
+            assert 0.0 <= w.evicted_write_bytes <= w.dram_write_bytes * (1 + 1e-12)

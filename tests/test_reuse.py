@@ -233,3 +233,16 @@ def test_parts_grow_on_large_tensors_and_cover_them():
     first, last = touch_positions(g, ("mm",), "y", frozenset({"y"}))
     assert first.size == part_grid((1 << 17, 8192))[2] * part_grid((1 << 17, 8192))[3] <= MAX_PARTS
     assert 0.0 < last.min() and last.max() == 1.0
+
+
+def test_evicted_ring_writes_count_in_the_bytes_not_in_the_time_by_hand():
+    """A persistent step's ring lines that L2 writes back on its own are DRAM bytes its SMs
+    do not wait for; scaling a step scales them with its other bytes."""
+    from kitsune_dse.cost.roofline import KernelWork
+    w = KernelWork("s", "fp16", dram_read_bytes=100.0, dram_write_bytes=60.0, evicted_write_bytes=40.0,
+                   persistent=True)
+    assert w.dram_bytes == 160.0
+    assert w.timed_dram_bytes == 120.0
+    assert w.scaled(0.5).evicted_write_bytes == 20.0 and w.scaled(0.5).timed_dram_bytes == 60.0
+    # never below the reads
+    assert w.but(evicted_write_bytes=60.0, incoming_dirty_bytes=0.0).timed_dram_bytes == 100.0

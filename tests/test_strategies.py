@@ -396,6 +396,26 @@ def test_tilesync_pays_per_tile_hand_offs_by_hand():
     assert tilesync(r, H100).latency_s > fusion(r, H100).latency_s
 
 
+def test_a_producer_sharing_its_sms_pays_the_shared_signal_cost_by_hand():
+    # a softmax (two CTAs per SM in the model) feeding a GEMM counts its tiles at
+    # tile_signal_shared_s: its SM's other CTA works while one drains its stores; a GEMM
+    # producer (one CTA per SM) pays tile_signal_s
+    from kitsune_dse.cost.roofline import busiest_sm_tiles
+    from kitsune_dse.cost.strategies import _handoff_s
+    t = [Tensor("x", (65536, 1024), "fp16"), Tensor("w", (1024, 128), "fp16")]
+    g = build("smx", t, [("sm", "softmax", ("x",), ("p",)), ("mm", "matmul", ("p", "w"), ("y",))],
+              ["x"], ["w"])
+    hs = spec(tile_signal_s=0.3e-6, tile_signal_shared_s=0.05e-6, tile_wait_s=0.2e-6)
+    soft, gemm = kernel_works(Region.of(g), [("sm",), ("mm",)], hs)
+    assert soft.ctas_per_sm == 2 and gemm.ctas_per_sm == 1
+    assert _handoff_s(soft, hs, 132, False, True) == pytest.approx(busiest_sm_tiles(soft, 132) * 0.05e-6)
+    assert _handoff_s(gemm, hs, 132, False, True) == pytest.approx(busiest_sm_tiles(gemm, 132) * 0.3e-6)
+    assert _handoff_s(soft, hs, 132, True, True) == pytest.approx(busiest_sm_tiles(soft, 132) * 0.25e-6)
+    # an uncalibrated spec charges the shared producer the full signal
+    assert _handoff_s(soft, spec(tile_signal_s=0.3e-6, tile_wait_s=0.0), 132, False, True) == \
+        pytest.approx(busiest_sm_tiles(soft, 132) * 0.3e-6)
+
+
 def test_one_wave_producer_keeps_its_time_and_ramp():
     from kitsune_dse.cost.strategies import _fluid_time
     hs = spec(gemm_ramp_s=5e-6)

@@ -228,7 +228,7 @@ def pipe_tile(tile_rows: int, stream_rows: int | None = None) -> tuple[int, int]
 def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
                k_streamed: bool = False, row_blocks: int = 1, inflight: int = 1,
                tile_rows: int = 128, slabs: int = 1, reread: dict | None = None,
-               a_dram: float = 0.0) -> KernelWork:
+               a_dram: float = 0.0, d_wb: float = 0.0) -> KernelWork:
     """`inflight` hand-off units of a stage's fused group, processed together (the stage's
     workers interleave the items of every row-block its rings admit). A GEMM fed slab by slab
     through a split_k queue keeps every output tile of its row-block busy on each slab."""
@@ -246,11 +246,11 @@ def _atom_work(region: Region, spec: HwSpec, atom, units, d_r, d_w, l2,
                           l2 / units * k, tiles, 2, tile, slabs if k_streamed else 1, k, True,
                           gemm_n=gd.n, gemm_k=gd.k, epilogue_inputs=epilogue_inputs,
                           epilogue_vectors=epilogue_vectors, a_stream_bytes=a_dram / units * k,
-                          a_stream_part=min(1.0, k / units),
+                          a_stream_part=min(1.0, k / units), evicted_write_bytes=d_wb / units * k,
                           **rr)
     return KernelWork(name, dtype, tensor, simt, d_r / units * k, d_w / units * k, l2 / units * k,
                       max(1, math.ceil(moved / units * k / MEM_TILE_BYTES)), 2, None, 1, k, True,
-                      row_op=row_op, concat=concat, **rr)
+                      row_op=row_op, concat=concat, evicted_write_bytes=d_wb / units * k, **rr)
 
 
 def _atom_facts(g, spec: HwSpec, atom):
@@ -498,7 +498,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
         works = []
         for k, atom in enumerate(atoms):
             aset = set(atom)
-            d_r = d_w = l2 = w_pass = a_dram = 0.0
+            d_r = d_w = d_wb = l2 = w_pass = a_dram = 0.0
             seen = set()
             for o in atom:
                 for t, b in g.op(o).info.read_bytes.items():
@@ -542,6 +542,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                             l2 += b                    # a ring between the stage's steps, whose
                             if not any(x not in sub.op_set for x in cons):  # slots L2 may evict
                                 d_w += wb_inner * b
+                                d_wb += wb_inner * b
                                 write_back += wb_inner * b
                         else:                                      # written once, re-read by each
                             d_w += b
@@ -549,6 +550,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                         # the slots' dirty lines also go to DRAM when L2 evicts them before
                         # the next generation overwrites them (their reads still hit L2)
                         d_w += (spill_frac + (1 - spill_frac) * wb_frac) * b
+                        d_wb += (1 - spill_frac) * wb_frac * b
                         spill += spill_frac * b
                         write_back += (1 - spill_frac) * wb_frac * b
                         l2 += (1 - spill_frac) * b
@@ -563,7 +565,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                            "weight_share": spec.efficiency.l2_weight_share,
                            "weight_l2_hit": hit} if w_pass else None
             work = _atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
-                              k_inf, bm, slabs, reread_info, a_dram)
+                              k_inf, bm, slabs, reread_info, a_dram, d_wb)
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
                 work = work.but(feed_sms=float(spec.sm_count))
             sk = _splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None
@@ -577,7 +579,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             if len(atoms) == 1:
                 single.append(work if k_inf == 1 else
                               replace(_atom_work(region, spec, atom, units, d_r, d_w, l2, k_streamed, N,
-                                                 1, bm, slabs, reread_info, a_dram),
+                                                 1, bm, slabs, reread_info, a_dram, d_wb),
                                       feed_sms=work.feed_sms))
                 splitk.append(sk)
         if len(atoms) > 1:

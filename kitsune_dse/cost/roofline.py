@@ -86,6 +86,10 @@ class KernelWork:
     incoming_dirty_bytes: float = 0.0  # ... and those the kernel before left: its allocations
                                    # evict them, so its DRAM stream carries them (a compute-bound
                                    # GEMM hides them, a streaming kernel pays; cost.region)
+    evicted_write_bytes: float = 0.0   # of dram_write_bytes: a persistent step's ring slots L2
+                                   # evicts dirty before they are overwritten (cost.pipeline):
+                                   # L2 writes them back on its own, the step's SMs do not wait
+                                   # (the region's DRAM floor still carries them)
 
     @property
     def dram_bytes(self) -> float:
@@ -95,8 +99,8 @@ class KernelWork:
     def timed_dram_bytes(self) -> float:
         """The DRAM bytes the kernel's time waits for: its own, less the dirty lines it leaves
         in L2, plus those it finds there."""
-        return max(self.dram_read_bytes,
-                   self.dram_bytes - self.after_end_write_bytes + self.incoming_dirty_bytes)
+        return max(self.dram_read_bytes, self.dram_bytes - self.evicted_write_bytes
+                   - self.after_end_write_bytes + self.incoming_dirty_bytes)
 
     def but(self, **fields) -> "KernelWork":
         """dataclasses.replace without its per-call introspection (the search copies works
@@ -115,6 +119,7 @@ class KernelWork:
                        deferred_write_bytes=self.deferred_write_bytes * f,
                        after_end_write_bytes=self.after_end_write_bytes * f,
                        incoming_dirty_bytes=self.incoming_dirty_bytes * f,
+                       evicted_write_bytes=self.evicted_write_bytes * f,
                        a_stream_bytes=self.a_stream_bytes * f, a_stream_part=self.a_stream_part * f,
                        weight_pass_bytes=self.weight_pass_bytes * f,
                        tiles=max(1, tiles if tiles is not None else math.ceil(self.tiles * f)))

@@ -296,8 +296,12 @@ def _handoffs(region: Region, groups: list[tuple[str, ...]]) -> list[tuple[bool,
 
 
 def _handoff_s(work: KernelWork, spec: HwSpec, sms, waits: bool, signals: bool):
-    """Hand-off time on the kernel's busiest SM (per tile, calibrated by the harness's probes)."""
-    per_tile = (spec.tile_wait_cost_s if waits else 0.0) + (spec.tile_signal_cost_s if signals else 0.0)
+    """Hand-off time on the kernel's busiest SM (per tile, calibrated by the harness's probes).
+    A signal releases the CTA's stores, so it waits for them to drain: an SM with one CTA
+    (a GEMM, a wide norm) idles meanwhile; where other CTAs share the SM, their work covers
+    most of it (tile_signal_shared_s)."""
+    signal = spec.tile_signal_cost_s if work.ctas_per_sm <= 1 else spec.tile_signal_shared_cost_s
+    per_tile = (spec.tile_wait_cost_s if waits else 0.0) + (signal if signals else 0.0)
     return busiest_sm_tiles(work, sms) * per_tile
 
 

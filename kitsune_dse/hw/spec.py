@@ -282,6 +282,11 @@ class HwSpec(_Strict):
     tile_signal_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
                                                 # per tile on its SM: a tilesync producer counting
                                                 # a finished tile (fence + flag; default sync_latency_s)
+    tile_signal_shared_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
+                                                # ... of a producer whose SM holds other CTAs of
+                                                # it (row and element-wise kernels): the CTA's
+                                                # store drain before its release overlaps their
+                                                # work (default tile_signal_s)
     tile_wait_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
                                                 # per tile: a consumer checking its rows are ready
                                                 # before it starts (default sync_latency_s)
@@ -395,6 +400,10 @@ class HwSpec(_Strict):
     @property
     def tile_signal_cost_s(self) -> float:
         return self.sync_latency_s if self.tile_signal_s is None else self.tile_signal_s
+
+    @property
+    def tile_signal_shared_cost_s(self) -> float:
+        return self.tile_signal_cost_s if self.tile_signal_shared_s is None else self.tile_signal_shared_s
 
     @property
     def step_handoff_cost_s(self) -> float:

@@ -203,6 +203,17 @@ TILESYNC_PROBES = [
     ("probe", "fp16", "matmul", (2048, 1024, 1024)),
     ("probe", "fp16", "layernorm", (16384, 4096)),
     ("probe", "fp16", "gelu", (8192, 8192)),
+    # row and element-wise kernels of other widths and residencies (session 26: attention's
+    # 1,024-column softmax paid nothing for its signals where the wide layernorm above paid
+    # 0.34 us a tile): which kernels a signal costs, and why
+    ("probe", "fp16", "softmax", (65536, 1024)),
+    ("probe", "fp16", "softmax", (16384, 4096)),
+    ("probe", "fp16", "layernorm", (65536, 1024)),
+    ("probe", "fp16", "layernorm", (16384, 2048)),
+    ("probe", "fp16", "layernorm", (4096, 4096)),
+    ("probe", "fp16", "gelu", (65536, 1024)),
+    ("probe", "fp16", "add", (16384, 4096)),
+    ("probe", "fp16", "relu", (262144, 256)),
 ]
 
 
