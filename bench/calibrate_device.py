@@ -80,12 +80,21 @@ BALANCE_SHAPES = [
 ]
 
 
+# K of one k-tile or less (NeRF's first layer, K = 60 padded to 64: -19.5% in the suite) and
+# three, against N: measured apart (KDSE_TILE_SHAPES=short_k), not fitted (session 26:
+# results/validation/h100/gemm_probe/short_k_2026-11-24/)
+SHORT_K_SHAPES = [(262144, 256, 64), (262144, 128, 64), (65536, 1024, 64), (131072, 512, 64),
+                  (262144, 256, 32), (262144, 256, 192)]
+
+
 def tile_cases():
     cases = [("gemm", "fp16", "matmul", (n, n, n)) for n in SQUARES]
     cases += [("gemm", "fp16", "matmul", s) for s in SUITE_SHAPES if s[0] != s[1] or s[1] != s[2]]
     cases += [("gemm", "fp16", "matmul", s) for s in BALANCE_SHAPES]
     if os.environ.get("KDSE_TILE_SHAPES") == "balance":     # those alone (a partial raw)
         cases = [("gemm", "fp16", "matmul", s) for s in BALANCE_SHAPES]
+    if os.environ.get("KDSE_TILE_SHAPES") == "short_k":
+        cases = [("gemm", "fp16", "matmul", s) for s in BALANCE_SHAPES + SHORT_K_SHAPES]
     return cases
 
 
