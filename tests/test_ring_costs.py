@@ -136,11 +136,29 @@ def test_fit_ring_handoff_recovers_the_truth():
 
 
 def test_fit_concat_stream_recovers_the_truth():
-    truth = CAL.model_copy(update={"persistent_concat_sm_stream_Bps": 30e9})
-    cases = [("concat", (262144, 256, 64), s) for s in (5, 17, 66)]
+    truth = CAL.model_copy(update={"persistent_concat_sm_stream_Bps": 30e9, "efficiency": CAL.efficiency.model_copy(
+        update={"persistent_concat_hbm": 0.4})})
+    cases = [("concat", (262144, 256, 64), s) for s in (5, 17, 66, 132)]
     rows = _rows(truth, cases, lambda sp, k, d, s: one_stage_time(sp, k, d, s))
     fit = fit_concat_stream(CAL, rows)
     assert fit["persistent_concat_sm_stream_Bps"] == pytest.approx(30e9, rel=0.02)
+    assert fit["persistent_concat_hbm"] == pytest.approx(0.4, rel=0.02)
+    assert fit["rms_rel_error"] < 2e-3
+
+
+def test_a_concat_step_saturates_at_its_own_ceiling_by_hand():
+    # on all 132 SMs a concat's SMs would stream 132 x 25 GB/s = 3.3 TB/s; its ceiling (a share
+    # of the datasheet HBM) holds it to the smooth minimum of the two
+    sp = CAL.model_copy(update={"persistent_concat_sm_stream_Bps": 25e9, "efficiency": CAL.efficiency.model_copy(
+        update={"persistent_concat_hbm": 0.3})})
+    moved = 2 * 262144 * 320 * 2
+    p = sp.efficiency.hbm_saturation_exponent
+    bw = ((132 * 25e9) ** -p + (0.3 * sp.hbm_bandwidth_Bps) ** -p) ** (-1 / p)
+    t = one_stage_time(sp, "concat", (262144, 256, 64), 132)
+    assert t == pytest.approx(moved / bw + sp.persistent_launch_cost_s, rel=0.03)
+    # more of a ceiling never slows it
+    more = sp.model_copy(update={"efficiency": sp.efficiency.model_copy(update={"persistent_concat_hbm": 0.6})})
+    assert one_stage_time(more, "concat", (262144, 256, 64), 132) < t
 
 
 def test_fit_transcendental_recovers_the_truth():

@@ -85,6 +85,9 @@ class Efficiency(_Strict):
     gemm_hbm: Frac | None = None  # standalone GEMM kernels' operand streaming over datasheet HBM
                                   # bandwidth (None: hbm; the tile's loads may not saturate DRAM)
     persistent_gemm_hbm: Frac | None = None  # the same for persistent GEMM steps (None: hbm)
+    persistent_concat_hbm: Frac | None = None  # the same for persistent concat steps: their
+                                  # one load per output vector saturates the chip at about half
+                                  # a streaming kernel's bandwidth (None: hbm)
     persistent_a_stream_share: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)] = 0.0
                                   # of that ceiling, what a persistent GEMM step's A operand read
                                   # from DRAM slab by slab reaches: a floor on the step's time
@@ -158,7 +161,7 @@ class Efficiency(_Strict):
 _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registers_per_sm",
                    "sm_granularity", "gemm_k_tile", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
-                   "gemm_read_overlap_exponent", "persistent_feed_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_a_stream_share",
+                   "gemm_read_overlap_exponent", "persistent_feed_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_concat_hbm", "persistent_a_stream_share",
                    "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_inner_writeback_center", "l2_inner_writeback_width",
                    "l2_local_frame_share", "l2_resident_reread",
@@ -166,8 +169,8 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "grid_reuse_center", "grid_reuse_halfwidth", "grid_drift_miss",
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
-                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_a_stream_share", "persistent_lone_team",
-                    "l2_weight_share", "producer_stream_share"}
+                    "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_concat_hbm",
+                    "persistent_a_stream_share", "persistent_lone_team", "l2_weight_share", "producer_stream_share"}
 
 
 class Calibration(BaseModel):
