@@ -214,6 +214,8 @@ TILESYNC_PROBES = [
     ("probe", "fp16", "gelu", (65536, 1024)),
     ("probe", "fp16", "add", (16384, 4096)),
     ("probe", "fp16", "relu", (262144, 256)),
+    ("probe", "fp16", "concat", (262144, 256, 60)),     # NeRF's skip connection
+    ("probe", "fp16", "concat", (65536, 512, 512)),
 ]
 
 
