@@ -648,7 +648,7 @@ def fit_tile_handoff(spec: HwSpec, rows: list[dict]) -> dict:
                         bounds=(0.0, np.inf), loss="soft_l1", f_scale=1.0, xtol=1e-12, ftol=1e-12)
     sol = fit.x * 1e-6
     pred = a @ sol
-    # a class without probes keeps the other's cost (nnls would leave it at 0)
+    # a class without probes keeps the other's cost (the fit would leave it at 0)
     sol[2] = sol[2] if shared.any() else sol[1]
     sol[1] = sol[1] if (~shared).any() else sol[2]
     return {"fixed_s": float(sol[0]), "tile_signal_s": float(sol[1]), "tile_signal_shared_s": float(sol[2]),
