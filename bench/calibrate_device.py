@@ -566,8 +566,8 @@ def _fit_one_field(raw: dict, label: str, fit_fn: str, field: str, key: str, dat
                  and r.get("time_s") and r.get("correct", True)]
     res = getattr(fits, fit_fn)(spec_from_dict(data, name), rows)
     data[field] = res[field]
-    if res.get("persistent_concat_hbm") is not None:    # the concat fit's second constant
-        data["efficiency"] = {**data["efficiency"], "persistent_concat_hbm": res["persistent_concat_hbm"]}
+    # efficiency fields a fit sets beside its own (the concat fit's HBM ceiling)
+    data["efficiency"] = {**data["efficiency"], **res.get("efficiency", {})}
     cal[key] = res
 
 

@@ -262,13 +262,13 @@ def fit_concat_stream(spec: HwSpec, rows: list[dict]) -> dict:
         return np.array([one_stage_time(sp, r["kind"], r["dims"], r["sms"]) for r in rows]) / meas - 1
     x0 = [spec.hbm_per_sm_bandwidth_Bps / 2e9, 0.5]
     if len({r["sms"] for r in rows}) < 2:       # one SM count cannot tell the two apart
-        res = _fit_one(spec, rows, "persistent_concat_sm_stream_Bps", 1e9, x0[0], 1.0, 1000.0,
-                       lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
-        return {**res, "persistent_concat_hbm": spec.efficiency.persistent_concat_hbm}
+        return _fit_one(spec, rows, "persistent_concat_sm_stream_Bps", 1e9, x0[0], 1.0, 1000.0,
+                        lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
     fit = least_squares(resid, x0, bounds=([1.0, 0.05], [1000.0, 1.0]), diff_step=1e-3)
     e = resid(fit.x)
     return {"persistent_concat_sm_stream_Bps": float(fit.x[0]) * 1e9,
             "persistent_concat_hbm": float(fit.x[1]),
+            "efficiency": {"persistent_concat_hbm": float(fit.x[1])},
             "rms_rel_error": float(np.sqrt(np.mean(e ** 2))), "max_rel_error": float(np.max(np.abs(e))),
             "points": len(rows),
             "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(v), 3)
@@ -623,16 +623,17 @@ def fit_tile_handoff(spec: HwSpec, rows: list[dict]) -> dict:
     from kitsune_dse.graph.ir import OpClass
     from kitsune_dse.validate.microbench import case_model
     same_form = (OpClass.GEMM, OpClass.ROW_REDUCTION)
-    left_out = [r for r in rows if not any(
-        o.info.op_class in same_form for o in case_model(r["kind"], "fp16", tuple(r["dims"]))[0].ops)]
-    rows = [r for r in rows if r not in left_out]
-    xs, shared = [], []
+    kept, left_out, xs, shared = [], [], [], []
     for r in rows:
         g, _ = case_model(r["kind"], "fp16", tuple(r["dims"]))
-        region = CRegion.of(g)
-        w = kernel_works(region, [(o.name,) for o in g.ops], spec)[0]
+        if not any(o.info.op_class in same_form for o in g.ops):
+            left_out.append(r)
+            continue
+        w = kernel_works(CRegion.of(g), [(o.name,) for o in g.ops], spec)[0]
+        kept.append(r)
         xs.append(float(busiest_sm_tiles(w, spec.sm_count)))
         shared.append(w.ctas_per_sm > 1)
+    rows = kept
     xs, shared = np.asarray(xs), np.asarray(shared)
     sig = np.asarray([r["signal_s"] - r["plain_s"] for r in rows])
     both = np.asarray([r["both_s"] - r["signal_s"] for r in rows])
