@@ -208,6 +208,33 @@ def test_tilesync_last_kernel_loses_its_tail_by_its_producers_stagger_by_hand():
     assert fusion(rs, H0).latency_s - tilesync(rs, H0).latency_s < (tb - fb) * 0.25 + gap + 1e-9
 
 
+def test_tilesync_independent_kernels_overlap_like_a_stream_by_hand():
+    # two GEMMs that both read x and nothing of each other: under tilesync the second one's
+    # CTAs start on the SMs the first one's last wave leaves idle (programmatic launch), with no
+    # flag to wait for: the first costs its fluid time, the second loses the first's stagger
+    # share of its own tail, as a streaming pair but without the semaphore wait
+    from kitsune_dse.cost.roofline import busiest_sm_tiles
+    from kitsune_dse.cost.strategies import _fluid_time
+    H0 = spec(tile_signal_s=0.0, tile_wait_s=0.0, gemm_heuristic="harness",
+              gemm_tile_shapes=[(128, 128), (64, 128)])
+    t = [Tensor("x", (4096, 4096), "fp16"), Tensor("w1", (4096, 4096 + 256), "fp16"),
+         Tensor("w2", (4096, 4096 + 384), "fp16")]
+    r = Region.of(build("ind", t, [("g1", "matmul", ("x", "w1"), ("h1",)),
+                                   ("g2", "matmul", ("x", "w2"), ("h2",))], ["x"], ["w1", "w2"]))
+    w0, w1 = kernel_works(r, [("g1",), ("g2",)], H0)
+    t0, t1 = kernel_time(w0, H0, 132), kernel_time(w1, H0, 132)
+    f0, f1 = _fluid_time(w0, H0, 132), _fluid_time(w1, H0, 132)
+    tau0, tau1 = t0 / float(busiest_sm_tiles(w0, 132)), t1 / float(busiest_sm_tiles(w1, 132))
+    share = min(1.0, tau0 / tau1)
+    assert f0 < t0 and f1 < t1
+    gap = 0.8e-6
+    expect = gap + min(f0, t0 + gap) + (t1 - share * (t1 - f1))
+    e = tilesync(r, H0)
+    assert e.latency_s == pytest.approx(expect, rel=1e-9)
+    assert e.breakdown["overlap_saved_s"] == pytest.approx([t0 + gap - min(f0, t0 + gap)])
+    assert e.latency_s < fusion(r, H0).latency_s
+
+
 @pytest.mark.parametrize("graph", [full_dep_graph(2048, 2048, 2048),
                                    gather_graph(50000, 1024, 4096),
                                    full_dep_graph(128, 64, 4096)],

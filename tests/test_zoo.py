@@ -332,3 +332,18 @@ def test_readme_table_gflops_match_the_models():
     assert set(table) == set(ZOO)
     for name, gf in table.items():
         assert f"{load_model(name).total_flops / 1e9:.4g}" == f"{gf:.4g}", name
+
+
+def test_narrow_last_dimensions_are_stored_padded_to_eight():
+    # the runtime stores a last dimension padded to a multiple of 8 elements: NeRF's density
+    # column (262144 x 1 fp16) is 262144 x 8 x 2 bytes as stored, and so is what its relu reads
+    # and writes; its positional encoding (60 columns) is stored as 64; a wide tensor as it is
+    g = load_model("nerf-mlp")
+    assert g.tensors["sigma_pre"].nbytes == hand(262144 * 1 * 2, 524_288)
+    assert g.stored_bytes("sigma_pre") == hand(262144 * 8 * 2, 4_194_304)
+    assert dict(g.op("sigma_relu").info.read_bytes) == {"sigma_pre": 4_194_304}
+    assert dict(g.op("sigma_relu").info.write_bytes) == {"sigma": 4_194_304}
+    assert g.op("fc1").info.read_bytes["gx"] == hand(262144 * 64 * 2, 33_554_432)
+    assert g.stored_bytes("a8") == g.tensors["a8"].nbytes == 262144 * 256 * 2
+    # a convolution's weight (K, C, R, S) is no row-major matrix: its 3 x 3 taps stay unpadded
+    # (test_resnet_bottleneck_hand_flops_and_bytes)

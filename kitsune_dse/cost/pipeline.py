@@ -159,7 +159,7 @@ def _plan_stages(region: Region, spec: HwSpec, c: PipelineChoice) -> StagePlan:
         if mode == "split_k":
             k = g.op(c.stages[q + 1][0]).info.gemm.k
             slabs = max(slabs, min(16, math.ceil(k / SPLIT_K_SLAB_COLS)))
-    slot = tuple(sum(g.tensors[t].nbytes for t in ts) / N for ts in queue_tensors)
+    slot = tuple(sum(g.stored_bytes(t) for t in ts) / N for ts in queue_tensors)
     weights, ins, outs = [], [], []
     for st in c.stages:
         sset = set(st)
@@ -174,7 +174,7 @@ def _plan_stages(region: Region, spec: HwSpec, c: PipelineChoice) -> StagePlan:
                     w += b        # every tile needs all of it: re-read per row-block unless in L2
                 else:
                     i += b        # read once in total, a share per tile (gathered rows, inputs)
-        ob = sum(g.tensors[t].nbytes for t in region.outputs if g.producer(t) in sset)
+        ob = sum(g.stored_bytes(t) for t in region.outputs if g.producer(t) in sset)
         weights.append(w)
         ins.append(i)
         outs.append(float(ob))
@@ -449,7 +449,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
     subs = [Region.of(g, st) for st in c.stages]
     stage_atoms = [_stage_steps(g, spec, st, sub) for st, sub in zip(c.stages, subs)]
     # (a tensor made and used inside one fused group never leaves the SM)
-    intra_ws = max((g.tensors[t].nbytes / units for st, atoms in zip(c.stages, stage_atoms)
+    intra_ws = max((g.stored_bytes(t) / units for st, atoms in zip(c.stages, stage_atoms)
                     for a in atoms for o in a for t in g.op(o).outputs
                     if any(x in st and x not in a for x in g.consumers(t))), default=0.0)
     left = max(0.0, budget - min(queue_bytes, budget))
@@ -531,7 +531,7 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                         l2 += (1 - spill_frac) * b
             for o in atom:
                 for t in g.op(o).outputs:
-                    b = g.tensors[t].nbytes
+                    b = g.stored_bytes(t)
                     if t in region.outputs:        # written back from L2 (cost.region)
                         d_w += b
                     cons = [x for x in g.consumers(t) if x in region.op_set and x not in aset]

@@ -85,7 +85,7 @@ class Region:
             for t, b in g.op(o).info.read_bytes.items():
                 if t not in self.produced:
                     reads[t] = max(reads.get(t, 0), b)
-        writes = sum(g.tensors[t].nbytes for t in self.outputs)
+        writes = sum(g.stored_bytes(t) for t in self.outputs)
         return float(sum(reads.values())), float(writes)
 
 
@@ -143,7 +143,7 @@ def _kernel_rw(graph: Graph, group: tuple[str, ...]):
             aliases_out = t in graph.outputs or any(
                 x in graph.outputs for x in _view_closure(graph, t))
             if aliases_out or any(c not in gs for c in _real_consumers(graph, t)):
-                writes[t] = float(graph.tensors[t].nbytes)
+                writes[t] = float(graph.stored_bytes(t))
     return reads, writes
 
 
@@ -172,7 +172,7 @@ def handed_over(region: Region, spec: HwSpec, t: str) -> bool:
     inside_p = g.producer(base) in region.op_set
     cons = _real_consumers(g, base)
     crosses = (not inside_p) or any(c not in region.op_set for c in cons)
-    return crosses and g.tensors[base].nbytes <= spec.l2_usable_bytes
+    return crosses and g.stored_bytes(base) <= spec.l2_usable_bytes
 
 
 def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sms=None,
@@ -194,7 +194,7 @@ def kernel_works(region: Region, groups: list[tuple[str, ...]], spec: HwSpec, sm
         for t in (*rw[i][0], *rw[i][1]):
             if t not in seen:
                 seen.add(t)
-                acc += float(g.tensors[t].nbytes)
+                acc += float(g.stored_bytes(t))
         tail[i] = acc
     outputs = {view_base(g, t) for t in region.outputs}
     last_touch: dict[str, int] = {}    # tensor -> last kernel index that wrote or read it

@@ -28,6 +28,9 @@ DTYPE_BYTES: Mapping[str, int] = MappingProxyType({
     "fp64": 8, "fp32": 4, "tf32": 4, "fp16": 2, "bf16": 2, "fp8": 1, "fp8_e4m3": 1, "fp8_e5m2": 1,
     "int64": 8, "int32": 4, "int16": 2, "int8": 1, "uint8": 1, "bool": 1,
 })
+# the validation runtime stores a tensor's last dimension padded to a multiple of 8 elements
+# (validate/lower.py: 16-byte vectors of fp16), so its kernels move the padding too
+STORE_ALIGN_ELEMS = 8
 FLOAT_DTYPES = frozenset({"fp64", "fp32", "tf32", "fp16", "bf16", "fp8", "fp8_e4m3", "fp8_e5m2"})
 
 
@@ -68,6 +71,14 @@ class Tensor:
     @property
     def nbytes(self) -> int:
         return self.numel * DTYPE_BYTES[self.dtype]
+
+    @property
+    def padded_nbytes(self) -> int:
+        """Bytes with the last dimension padded to a multiple of STORE_ALIGN_ELEMS."""
+        if not self.shape:
+            return self.nbytes
+        last = -(-self.shape[-1] // STORE_ALIGN_ELEMS) * STORE_ALIGN_ELEMS
+        return math.prod(self.shape[:-1]) * last * DTYPE_BYTES[self.dtype]
 
     @property
     def rows(self) -> int:
@@ -141,9 +152,9 @@ class Graph:
     """
 
     __slots__ = ("name", "tensors", "ops", "inputs", "weights", "outputs", "source",
-                 "_producer", "_consumers", "_index", "_meta")
+                 "_producer", "_consumers", "_index", "_meta", "_stored")
 
-    def __init__(self, *, name, tensors, ops, inputs, weights, outputs, source, meta):
+    def __init__(self, *, name, tensors, ops, inputs, weights, outputs, source, meta, stored=None):
         self.name: str = name
         self.tensors: Mapping[str, Tensor] = MappingProxyType(dict(tensors))
         self.ops: tuple[Op, ...] = tuple(ops)
@@ -159,6 +170,7 @@ class Graph:
                 cons.setdefault(t, []).append(op.name)
         self._producer = MappingProxyType(prod)
         self._consumers = MappingProxyType({k: tuple(v) for k, v in cons.items()})
+        self._stored = MappingProxyType(dict(stored or {}))
         self._index = MappingProxyType({op.name: i for i, op in enumerate(self.ops)})
 
     def __setattr__(self, key, value):
@@ -178,6 +190,11 @@ class Graph:
     @property
     def meta(self) -> Mapping:
         return self._meta
+
+    def stored_bytes(self, tensor: str) -> int:
+        """The tensor's bytes as the runtime stores it (graph.validate.stored_layout: padded
+        where its last dimension is not a multiple of STORE_ALIGN_ELEMS)."""
+        return self._stored.get(tensor, self.tensors[tensor].nbytes)
 
     def op(self, name: str) -> Op:
         try:

@@ -6,11 +6,12 @@ kind's rule, acyclicity) and fixes a stable topological order.
 """
 from __future__ import annotations
 
+import dataclasses
 import heapq
 from collections.abc import Mapping
 
 from kitsune_dse.errors import KitsuneError, closest
-from kitsune_dse.graph.ir import DTYPE_BYTES, Graph, Op, Tensor
+from kitsune_dse.graph.ir import DTYPE_BYTES, STORE_ALIGN_ELEMS, Graph, Op, OpClass, Tensor
 from kitsune_dse.graph.ops import KINDS, ShapeError, apply_rule
 
 
@@ -146,5 +147,45 @@ def build_graph(*, name, tensors, ops, inputs, weights, outputs=None, source="<m
             raise KitsuneError(f"input {tname!r} is not used by any op", where=where)
     if not built:
         raise KitsuneError("the graph has no ops", where=where)
+    stored = stored_layout(all_tensors, built)
+    if stored:
+        built = [_with_stored_bytes(op, all_tensors, stored) for op in built]
     return Graph(name=name, tensors=all_tensors, ops=built, inputs=list(inputs), weights=list(weights),
-                 outputs=outs, source=source, meta=meta)
+                 outputs=outs, source=source, meta=meta, stored=stored)
+
+
+def _row_major_op(op: Op) -> bool:
+    """Ops the runtime lays out as (rows, columns) of the last dimension (validate/lower.py):
+    element-wise, row reductions, views, a last-axis concat and a matrix product (a
+    convolution's weight is no such matrix)."""
+    c = op.info.op_class
+    if c in (OpClass.ELEMENTWISE, OpClass.ROW_REDUCTION, OpClass.VIEW):
+        return True
+    return op.kind in ("matmul", "gemm", "bmm", "concat")
+
+
+def stored_layout(tensors, ops) -> dict[str, int]:
+    """Stored bytes of each tensor whose last dimension is not a multiple of STORE_ALIGN_ELEMS
+    and that only row-major ops touch: the runtime pads such a dimension (NeRF's density
+    column, 262144 x 1, is 4 MB as stored)."""
+    touched: dict[str, bool] = {}
+    for op in ops:
+        ok = _row_major_op(op)
+        for t in (*op.inputs, *op.outputs):
+            touched[t] = touched.get(t, True) and ok
+    out = {}
+    for t, ok in touched.items():
+        x = tensors[t]
+        if ok and x.shape and x.shape[-1] % STORE_ALIGN_ELEMS:
+            out[t] = x.padded_nbytes
+    return out
+
+
+def _with_stored_bytes(op: Op, tensors, stored) -> Op:
+    """The op with its bytes of padded tensors scaled to their stored size."""
+    def scale(m):
+        return {t: (round(b * stored[t] / tensors[t].nbytes) if t in stored and tensors[t].nbytes else b)
+                for t, b in m.items()}
+    info = dataclasses.replace(op.info, read_bytes=scale(op.info.read_bytes),
+                               write_bytes=scale(op.info.write_bytes))
+    return dataclasses.replace(op, info=info)
