@@ -101,6 +101,13 @@ PROBES = {
     "wbn-tiny-p1-r2048": (TINY_64K, [_one([o for s in PAIR for o in s], 132, 2048)]),
     "wbn-tiny-w2048-p1-r2048": (("gpt3-mlp", {"tokens": 65536, "hidden": 256, "ffn": 2048}),
                                 [_one([o for s in PAIR for o in s], 132, 2048)]),
+    # twenty-seventh session: one stage of a whole MLP (GEMM -> GELU -> GEMM -> residual) whose
+    # inner ring of row-blocks of 768-1024 x 4 columns is a third to a half of L2 (the suite's
+    # bert one-stage plan read and wrote 12-14% more than priced); none of them bert's size
+    **{f"wbb-h{h}-t{t}-p1-r{r}": (("gpt3-mlp", {"tokens": t, "hidden": h}),
+                                  [_one([o for s in PAIR for o in s], 132, r)])
+       for h, t, r in ((768, 8192, 1024), (768, 32768, 1024), (1024, 16384, 1024), (768, 32768, 512),
+                       (512, 32768, 1024))},
     # fourteenth session: which of NeRF's features makes its small inner rings write back. The
     # same ring structure (12 GEMM steps in one stage, 11 inner rings of 256 columns) without
     # NeRF's concats and heads, with a narrow head, and NeRF with 128-byte aligned encodings
