@@ -12,7 +12,7 @@ import numpy as np
 from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.region import (Region, is_fusible_reduction_owner, kernel_variants,
-                                     kernel_works)
+                                     kernel_works, view_base)
 from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, combine_core, kernel_time
 from kitsune_dse.graph.ir import DepPattern, OpClass
 from kitsune_dse.graph.transform import BIAS_SUFFIX, unfused_bias
@@ -280,14 +280,8 @@ def _independent(region: Region, prod: tuple[str, ...], cons: tuple[str, ...]) -
     consumer's do, and wait for none of its tiles (nerf's feature head beside its density
     head: 226.5 us against 229.4 as a CUDA graph, bench/handoff_probes.txt item 3)."""
     g = region.graph
-
-    def root(t):
-        seen = 0
-        while (p := g.producer(t)) is not None and g.op(p).info.is_view and seen < 64:
-            t, seen = g.op(p).inputs[0], seen + 1
-        return t
-    writes = {root(t) for o in prod for t in g.op(o).outputs}
-    return not any(root(t) in writes for o in cons for t in g.op(o).inputs)
+    writes = {view_base(g, t) for o in prod for t in g.op(o).outputs}
+    return not any(view_base(g, t) in writes for o in cons for t in g.op(o).inputs)
 
 
 def _handoffs(region: Region, groups: list[tuple[str, ...]]) -> list[tuple[bool, bool]]:
@@ -295,14 +289,8 @@ def _handoffs(region: Region, groups: list[tuple[str, ...]]) -> list[tuple[bool,
     each tile when it reads a tensor an earlier kernel of the region writes, and counts each
     finished tile when a later kernel reads its output (views resolved to what they alias)."""
     g = region.graph
-
-    def root(t):
-        seen = 0
-        while (p := g.producer(t)) is not None and g.op(p).info.is_view and seen < 64:
-            t, seen = g.op(p).inputs[0], seen + 1
-        return t
-    writes = [{root(t) for o in grp for t in g.op(o).outputs} for grp in groups]
-    reads = [{root(t) for o in grp for t in g.op(o).inputs} - w for grp, w in zip(groups, writes)]
+    writes = [{view_base(g, t) for o in grp for t in g.op(o).outputs} for grp in groups]
+    reads = [{view_base(g, t) for o in grp for t in g.op(o).inputs} - w for grp, w in zip(groups, writes)]
     out = []
     for i in range(len(groups)):
         waits = any(reads[i] & writes[j] for j in range(i))
