@@ -163,11 +163,17 @@ def summarize_trace(runs: list[dict]) -> str:
             v = r[n]
             st, rd, en = (v[:, 0] - t0) / 1e3, (v[:, 1] - t0) / 1e3, (v[:, 2] - t0) / 1e3
             span = en.max() - st.min()
+            # the SM clock over each CTA (clock64 cycles per %globaltimer ns): the first and
+            # the last quarter of the CTAs by start time
+            mhz = (v[:, 5] - v[:, 4]) / np.maximum(v[:, 2] - v[:, 0], 1) * 1e3 if v.shape[1] > 5 else np.zeros(len(v))
+            order = np.argsort(st)
+            q = max(1, len(order) // 4)
             rows[n].append([st.min(), st.max(), rd.min(), float(np.median(rd - st)),
                             float(np.median(en - rd)), *np.percentile(en, [10, 50, 90]), en.max(),
-                            float((en - rd).sum() / max(span, 1e-9)), len(set(v[:, 3].tolist()))])
+                            float((en - rd).sum() / max(span, 1e-9)), len(set(v[:, 3].tolist())),
+                            float(np.median(mhz[order[:q]])), float(np.median(mhz[order[-q:]]))])
     hdr = ("kernel", "first", "all in", "ready", "wait50", "cta50", "end10", "end50", "end90", "end",
-           "work/span", "SMs")
+           "work/span", "SMs", "MHz first", "MHz last")
     out = ["  " + " ".join(f"{h:>10s}" for h in hdr)]
     for n in names:
         med = np.median(np.array(rows[n]), axis=0)

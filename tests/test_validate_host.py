@@ -481,9 +481,11 @@ def test_traced_tilesync_records_every_cta_after_the_counters():
     assert (g0.ctas, g1.ctas) == (grids[g0.name], grids[g1.name])
     assert traced.sync.trace_off >= plain.sync.words and traced.sync.trace_off % 2 == 0
     assert (g0.trace_base, g1.trace_base) == (0, g0.ctas)
-    assert traced.sync.words == traced.sync.trace_off + 8 * (g0.ctas + g1.ctas)
+    # six u64 a CTA: start, inputs ready, end, SM id, clock64 at start and end
+    assert traced.sync.words == traced.sync.trace_off + 12 * (g0.ctas + g1.ctas)
     # the last kernel counts nothing but still records its CTAs
     assert src.count("tr[0] = kdse_t0;") == 2 and src.count("tilesync_signal((u32*)bufs[") == 1
+    assert src.count("tr[4] = (u64)kdse_c0; tr[5] = (u64)clock64();") == 2
 
 
 def test_concurrent_plan_waits_for_whole_producers_in_level_order():

@@ -546,7 +546,8 @@ class TilesyncVariant(StandaloneVariant):
 
     def trace_records(self) -> dict:
         """The last run's CTA records of a traced variant: kernel -> uint64 array of rows
-        (start, inputs ready, end in ns of %globaltimer, SM id), in blockIdx order."""
+        (start, inputs ready, end in ns of %globaltimer, SM id, clock64 at start and end), in
+        blockIdx order."""
         if self.sync.trace_off < 0:
             raise PipelineError("this variant was built without trace=True")
         words = self.private[SYNC_BUF][self.sync.trace_off:].get()

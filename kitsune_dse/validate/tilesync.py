@@ -64,7 +64,8 @@ class SyncPlan:
     timeout_ns: int
     trace_off: int = -1              # u32 word of the first trace record (8-byte aligned), or -1
 
-    TRACE_WORDS = 8                  # per CTA: u64 start, inputs ready, end, SM id
+    TRACE_WORDS = 12                 # per CTA: u64 start, inputs ready, end, SM id, and the
+                                     # SM's clock64 at start and end (its clock rate over the CTA)
 
     @property
     def buf(self) -> str:
@@ -84,7 +85,8 @@ class SyncPlan:
         gs = self.groups[grp.name]
         out = ["    kdse_launch_dependents();"]
         if self.trace_off >= 0:
-            out += ["    const u64 kdse_t0 = globaltimer();"]
+            out += ["    const u64 kdse_t0 = globaltimer();",
+                    "    const long long kdse_c0 = clock64();"]
         if not gs.waits:
             return out + (["    const u64 kdse_t1 = kdse_t0;"] if self.trace_off >= 0 else [])
         out += [f"    u32* const sync = (u32*)bufs[{bufs_idx}];"]
@@ -116,6 +118,7 @@ class SyncPlan:
                     f"{self.TRACE_WORDS // 2} * ({gs.trace_base} + blockIdx.x);",
                     "        u32 smid; asm volatile(\"mov.u32 %0, %%smid;\" : \"=r\"(smid));",
                     "        tr[0] = kdse_t0; tr[1] = kdse_t1; tr[2] = globaltimer(); tr[3] = smid;",
+                    "        tr[4] = (u64)kdse_c0; tr[5] = (u64)clock64();",
                     "    }"]
         return out
 
