@@ -7,7 +7,7 @@ each timed on cold L2 (a diagnostic of the tilesync model, issue 6).
 --kernels A:B keeps the region's kernels A to B-1 (which hand-off of a chain costs what);
 --splits I=S runs kernel I of the slice with S ranges of K (does splitting K cost the hand-off?).
 --trace FILE.npz also runs the tilesync variant with every CTA recording its start, inputs-ready
-and end times and its SM (cold L2, `--trace-runs` runs kept) and prints where each kernel's
+and end times, its SM and clock64 (cold L2, `--trace-runs` runs kept) and prints where each kernel's
 time went (`summarize_trace`).
 """
 from __future__ import annotations

@@ -104,7 +104,7 @@ class SyncPlan:
 
     def signal(self, grp: Group, bufs_idx: int, unit: str) -> list[str]:
         """Count the finished tile where a consumer waits for it (nothing otherwise); a traced
-        run also records the CTA's start, inputs-ready and end times and its SM."""
+        run also records the CTA's start, inputs-ready and end times, its SM and its SM clock."""
         gs = self.groups[grp.name]
         out = []
         if gs.count_units or gs.count_done:
@@ -134,7 +134,8 @@ def plan_sync(groups: list[Group], strategy: str, tiles: dict, timeout_ns: int,
     probe (calibration): "signal": every kernel counts its tiles (a producer's per-tile cost);
     "both": it also waits for the rows of an always-complete counter before each tile (plus a
     consumer's). trace (diagnostics): every CTA records when it started, when its inputs were
-    ready and when it ended, and its SM (`SyncPlan.TRACE_WORDS` words each, after the counters)."""
+    ready and when it ended, its SM and its clock64 at start and end (`SyncPlan.TRACE_WORDS` words
+    each, after the counters)."""
     by_name: dict[str, GroupSync] = {}
     writer: dict[str, GroupSync] = {}
     word = HEADER_WORDS
