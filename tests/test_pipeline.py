@@ -616,3 +616,16 @@ def test_steps_evicted_writes_add_up_to_the_queue_write_back(model, stages, sms)
     for st in works:
         for w in st:
             assert 0.0 <= w.evicted_write_bytes <= w.dram_write_bytes * (1 + 1e-12)
+
+
+def test_inner_ring_slots_of_a_narrow_tensor_are_its_stored_columns():
+    # the runtime sizes a stage's inner ring by the tensor as stored (validate/lower.py uses its
+    # padded columns): NeRF's density column, 1 wide, takes 8 columns a row in a slot
+    from kitsune_dse.cost.pipeline import INTRA_RING_BYTES, _intra_slots
+    from kitsune_dse.graph import load_model
+    g = load_model("nerf-mlp")
+    n, slot = _intra_slots(g, ("sigma_fc",), 128, 64, 2048)
+    assert slot == 128 * 8 * 2
+    assert n == min(2048, max(2, min(64, INTRA_RING_BYTES // slot)))
+    n, slot = _intra_slots(g, ("fc8", "relu8"), 128, 64, 2048)
+    assert slot == 128 * 256 * 2
