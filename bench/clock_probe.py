@@ -2,9 +2,12 @@
 persistent GEMM (4096^3, the calibration's SM sweep) run back to back for a few seconds on 132,
 99, 66, 33 and 16 SMs, and cuBLAS's 8192^3 on the whole chip, while nvidia-smi samples the SM
 clock, the power draw and the clock-event reasons every 50 ms (read only: nothing is set).
+--standalone: instead, the harness's standalone GEMM kernel (what bsp and fusion regions launch)
+at the calibration's GEMM shapes (bench/calibrate_device.py SQUARES and SUITE_SHAPES), each run
+back to back on random operands: which of them meet the power cap, and at what clock.
 
-    here:    python bench/clock_probe.py --precompile
-    device:  python3 bench/clock_probe.py --out $OUT [--seconds 3]
+    here:    python bench/clock_probe.py --precompile [--standalone]
+    device:  python3 bench/clock_probe.py --out $OUT [--seconds 3] [--standalone]
 """
 from __future__ import annotations
 
@@ -40,12 +43,28 @@ def variants(info):
     return out
 
 
+def standalone_variants(info):
+    """(label, variant) of the harness's standalone GEMM at each calibration shape."""
+    from calibrate_device import SQUARES, SUITE_SHAPES
+
+    from kitsune_dse.validate.lower import Region, bsp_groups
+    from kitsune_dse.validate.microbench import case_model
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors
+    out = []
+    for dims in [(n, n, n) for n in SQUARES] + list(SUITE_SHAPES):
+        g, region = case_model("matmul", "fp16", dims)
+        reg = Region(g, region)
+        out.append(("standalone " + "x".join(map(str, dims)),
+                    StandaloneVariant("tile", reg, Tensors(reg), info, bsp_groups(reg), prefix="mb")))
+    return out
+
+
 def sampler(path: Path):
     return subprocess.Popen(["nvidia-smi", f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
                              "-lms", "50", "-f", str(path)])
 
 
-def run(out: Path, seconds: float) -> None:
+def run(out: Path, seconds: float, standalone: bool = False) -> None:
     import cupy as cp
 
     from kitsune_dse.validate.runtime import gpu_info
@@ -78,15 +97,25 @@ def run(out: Path, seconds: float) -> None:
         time.sleep(1.0)     # an idle gap between cases in the samples
 
     with stream:
-        for sms, v in variants(info):
+        if standalone:
+            from kitsune_dse.validate.harness import check_variant
+            from kitsune_dse.validate.reference import input_roles
+            for label, v in standalone_variants(info):
+                v.prepare()
+                check_variant(v, v.reg, v.tensors, input_roles(v.reg), stream, 1)   # random operands
+                loop(label, lambda v=v: (v.pre(False), v.run(stream)), 132)
+                v.tensors.arrays.clear()
+                cp.get_default_memory_pool().free_all_blocks()
+        for sms, v in ([] if standalone else variants(info)):
             v.prepare()
             v.pre(False)
             loop(f"persistent 4096^3 on {sms} SMs", lambda v=v: (v.pre(False), v.run(stream)), sms)
             v.tensors.arrays.clear()
             cp.get_default_memory_pool().free_all_blocks()
-        a = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
-        b = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
-        loop("cuBLAS 8192^3 on the whole chip", lambda: a @ b, 132)
+        if not standalone:
+            a = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
+            b = cp.random.random((8192, 8192), dtype=cp.float32).astype(cp.float16)
+            loop("cuBLAS 8192^3 on the whole chip", lambda: a @ b, 132)
     time.sleep(0.5)
     proc.terminate()
     proc.wait()
@@ -118,12 +147,12 @@ def run(out: Path, seconds: float) -> None:
               f"{s['sm_mhz_min'] or 0:6.0f} {s['power_w_median'] or 0:6.0f}  {' '.join(s['reasons'])}")
 
 
-def precompile() -> None:
+def precompile(standalone: bool = False) -> None:
     from precompile import compile_one
 
     from kitsune_dse.validate.plan import DeviceInfo
     info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
-    for s in dict.fromkeys(v.build() for _, v in variants(info)):
+    for s in dict.fromkeys(v.build() for _, v in (standalone_variants(info) if standalone else variants(info))):
         print(compile_one(s, "sm_90", ROOT / "bench/.cubin_cache")[:200], flush=True)
 
 
@@ -132,11 +161,13 @@ def main() -> None:
     ap.add_argument("--out", default=os.environ.get("OUT", str(ROOT / "bench/out")))
     ap.add_argument("--seconds", type=float, default=3.0)
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--standalone", action="store_true", help="the standalone GEMM kernel at the "
+                    "calibration's shapes instead of the persistent one over SM counts")
     a = ap.parse_args()
     if a.precompile:
-        precompile()
+        precompile(a.standalone)
         return
-    run(Path(a.out), a.seconds)
+    run(Path(a.out), a.seconds, a.standalone)
 
 
 if __name__ == "__main__":
