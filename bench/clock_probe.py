@@ -47,16 +47,11 @@ def standalone_variants(info):
     """(label, variant) of the harness's standalone GEMM at each calibration shape."""
     from calibrate_device import SQUARES, SUITE_SHAPES
 
-    from kitsune_dse.validate.lower import Region, bsp_groups
-    from kitsune_dse.validate.microbench import case_model
-    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors
-    out = []
-    for dims in [(n, n, n) for n in SQUARES] + list(SUITE_SHAPES):
-        g, region = case_model("matmul", "fp16", dims)
-        reg = Region(g, region)
-        out.append(("standalone " + "x".join(map(str, dims)),
-                    StandaloneVariant("tile", reg, Tensors(reg), info, bsp_groups(reg), prefix="mb")))
-    return out
+    from kitsune_dse.validate.microbench import case_variants
+    cases = [("clock", "fp16", "matmul", dims) for dims in [(n, n, n) for n in SQUARES] + list(SUITE_SHAPES)]
+    # each case's first variant is the harness's own tile (the second, cuBLAS, is never built)
+    return [("standalone " + "x".join(map(str, dims)), vs[0])
+            for (_, _, _, dims), _, _, vs in case_variants(info, cases=cases)]
 
 
 def sampler(path: Path):

@@ -257,13 +257,15 @@ def fit_concat_stream(spec: HwSpec, rows: list[dict]) -> dict:
 
     meas = np.array([r["time_s"] for r in rows], float)
 
+    def time_of(sp, r):
+        return one_stage_time(sp, r["kind"], r["dims"], r["sms"])
+
     def resid(x):
         sp = with_x(x)
-        return np.array([one_stage_time(sp, r["kind"], r["dims"], r["sms"]) for r in rows]) / meas - 1
+        return np.array([time_of(sp, r) for r in rows]) / meas - 1
     x0 = [spec.hbm_per_sm_bandwidth_Bps / 2e9, 0.5]
     if len({r["sms"] for r in rows}) < 2:       # one SM count cannot tell the two apart
-        return _fit_one(spec, rows, "persistent_concat_sm_stream_Bps", 1e9, x0[0], 1.0, 1000.0,
-                        lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]))
+        return _fit_one(spec, rows, "persistent_concat_sm_stream_Bps", 1e9, x0[0], 1.0, 1000.0, time_of)
     fit = least_squares(resid, x0, bounds=([1.0, 0.05], [1000.0, 1.0]), diff_step=1e-3)
     e = resid(fit.x)
     return {"persistent_concat_sm_stream_Bps": float(fit.x[0]) * 1e9,

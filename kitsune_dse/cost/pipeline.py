@@ -641,14 +641,8 @@ def _intra_slots(g, atom, bm: int, rb_per_unit: int, rbs: int) -> tuple[int, int
     """(slots, slot bytes) of the ring a stage's step writes for the next step of the same
     stage (validate/lower.py: room for the plan tile's row-blocks, at least two, capped)."""
     t = g.op(atom[-1]).outputs[0]
-    slot = bm * _stored_cols(g, t) * DTYPE_BYTES[g.tensors[t].dtype]
+    slot = bm * g.stored_cols(t) * DTYPE_BYTES[g.tensors[t].dtype]
     return min(rbs, max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot)))), slot
-
-
-def _stored_cols(g, t: str) -> int:
-    """Columns of tensor t as the runtime stores it (padded: graph.validate.stored_layout)."""
-    x = g.tensors[t]
-    return max(1, g.stored_bytes(t) // max(1, x.rows * DTYPE_BYTES[x.dtype])) if x.shape else 1
 
 
 def _l2_footprint(region: Region, plan: StagePlan, stage_atoms, resident, resident_w: float,
@@ -718,7 +712,7 @@ def _stage_shape(region: Region, plan: StagePlan, atoms, inflight_units: int) ->
     for atom in atoms:
         t = g.op(atom[-1]).outputs[0]
         items.append(_atom_items(g, atom, bm, rbs))
-        slot_bytes = bm * _stored_cols(g, t) * DTYPE_BYTES[g.tensors[t].dtype]
+        slot_bytes = bm * g.stored_cols(t) * DTYPE_BYTES[g.tensors[t].dtype]
         slots.append(max(2, min(rb_per_unit, INTRA_RING_BYTES // max(1, slot_bytes))))
     look = max(1, inflight_units // max(1, plan.slabs)) * rb_per_unit
     # a GEMM step waits for its ring slot to the next step only before its epilogue (harness

@@ -73,12 +73,16 @@ class Tensor:
         return self.numel * DTYPE_BYTES[self.dtype]
 
     @property
+    def padded_cols(self) -> int:
+        """The last dimension padded to a multiple of STORE_ALIGN_ELEMS (1 for a scalar)."""
+        return -(-self.shape[-1] // STORE_ALIGN_ELEMS) * STORE_ALIGN_ELEMS if self.shape else 1
+
+    @property
     def padded_nbytes(self) -> int:
         """Bytes with the last dimension padded to a multiple of STORE_ALIGN_ELEMS."""
         if not self.shape:
             return self.nbytes
-        last = -(-self.shape[-1] // STORE_ALIGN_ELEMS) * STORE_ALIGN_ELEMS
-        return math.prod(self.shape[:-1]) * last * DTYPE_BYTES[self.dtype]
+        return math.prod(self.shape[:-1]) * self.padded_cols * DTYPE_BYTES[self.dtype]
 
     @property
     def rows(self) -> int:
@@ -195,6 +199,13 @@ class Graph:
         """The tensor's bytes as the runtime stores it (graph.validate.stored_layout: padded
         where its last dimension is not a multiple of STORE_ALIGN_ELEMS)."""
         return self._stored.get(tensor, self.tensors[tensor].nbytes)
+
+    def stored_cols(self, tensor: str) -> int:
+        """The tensor's last dimension as the runtime stores it (see stored_bytes)."""
+        x = self.tensors[tensor]
+        if tensor in self._stored:
+            return x.padded_cols
+        return x.shape[-1] if x.shape else 1
 
     def op(self, name: str) -> Op:
         try:
