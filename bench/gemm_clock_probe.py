@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import datetime as dt
 import os
 import sys
 from pathlib import Path
@@ -41,7 +40,7 @@ def shapes() -> list[tuple[int, int, int]]:
 
 
 def variants(info, dims):
-    """(Region, graph variant, traced tilesync variant) of one GEMM (sources only until prepared)."""
+    """(graph variant, traced tilesync variant) of one GEMM (sources only until prepared)."""
     from kitsune_dse.validate.lower import Region, fusion_groups
     from kitsune_dse.validate.microbench import case_model
     from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant
@@ -52,7 +51,7 @@ def variants(info, dims):
     groups = fusion_groups(reg)
     graph_v = StandaloneVariant("graph", reg, tensors, info, groups, graph=True, prefix="gck")
     traced = TilesyncVariant("traced", reg, tensors, info, groups, "tilesync", trace=True)
-    return reg, tensors, graph_v, traced
+    return graph_v, traced
 
 
 def clock_summary(runs: list) -> dict:
@@ -116,26 +115,18 @@ def main() -> None:
         cache = ROOT / "bench/.cubin_cache"
         cache.mkdir(parents=True, exist_ok=True)
         for dims in shapes():
-            _, _, gv, tv = variants(info, dims)
+            gv, tv = variants(info, dims)
             for v in (gv, tv):
                 print(compile_one(v.build(), info.arch, cache), flush=True)
         return
     import cupy as cp
 
-    from kitsune_dse.validate.harness import env_summary
-    from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.runtime import gpu_info
-    info, _ = gpu_info()
-    env = env_summary()
-    out = Path(a.out or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    stream = cp.cuda.Stream(non_blocking=True)
-    flush = L2Flusher()
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    command = "python3 bench/gemm_clock_probe.py " + " ".join(sys.argv[1:])
+    from kitsune_dse.validate.measure import time_runs
+    from tilesync_probe import probe_session, write_rows
+    info, stream, flush, stamp = probe_session(a.out, "gemm_clock_probe.py")
     rows = []
     for dims in shapes():
-        reg, tensors, gv, tv = variants(info, dims)
+        gv, tv = variants(info, dims)
         with stream:
             gv.prepare()
             t = time_runs(gv.run, gv.pre, gv.after, stream, a.runs, 3, flush)
@@ -151,8 +142,7 @@ def main() -> None:
                     runs.append(next(iter(tv.trace_records().values())))
         c = clock_summary(runs)
         m, n, k = dims
-        row = {"device": env.get("gpu", ""), "driver": env.get("driver", ""), "date": date,
-               "command": command, "m": m, "n": n, "k": k, "time_us": round(t.median_s * 1e6, 2),
+        row = {**stamp, "m": m, "n": n, "k": k, "time_us": round(t.median_s * 1e6, 2),
                "p10_us": round(t.p10_s * 1e6, 2), "p90_us": round(t.p90_s * 1e6, 2),
                **{key: round(v, 1) for key, v in c.items()}}
         rows.append(row)
@@ -162,10 +152,7 @@ def main() -> None:
         for v in (gv, tv):
             v.tensors.arrays.clear()
         cp.get_default_memory_pool().free_all_blocks()
-    with open(out / "gemm_clock.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(Path(a.out or ".") / "gemm_clock.csv", rows)
 
 
 if __name__ == "__main__":

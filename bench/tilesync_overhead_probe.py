@@ -19,8 +19,6 @@ and in plain stream order.
 from __future__ import annotations
 
 import argparse
-import csv
-import datetime as dt
 import os
 import sys
 import types
@@ -117,17 +115,9 @@ def main() -> None:
         return
     import cupy as cp
 
-    from kitsune_dse.validate.harness import env_summary
-    from kitsune_dse.validate.measure import L2Flusher, time_runs
-    from kitsune_dse.validate.runtime import gpu_info
-    info, _ = gpu_info()
-    env = env_summary()
-    out = Path(a.out or ".")
-    out.mkdir(parents=True, exist_ok=True)
-    stream = cp.cuda.Stream(non_blocking=True)
-    flush = L2Flusher()
-    date = dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ")
-    command = "python3 bench/tilesync_overhead_probe.py " + " ".join(sys.argv[1:])
+    from kitsune_dse.validate.measure import time_runs
+    from tilesync_probe import probe_session, write_rows
+    info, stream, flush, stamp = probe_session(a.out, "tilesync_overhead_probe.py")
     rows = []
     for plan, region, kernels, what in CASES:
         _, (graph_v, pdl, _, _, traced) = build(case_args(plan, region, kernels), info)
@@ -141,8 +131,7 @@ def main() -> None:
             for programmatic in (True, False):
                 traced.programmatic = programmatic
                 traced.graph = None
-                row = {"device": env.get("gpu", ""), "driver": env.get("driver", ""), "date": date,
-                       "command": command, "plan": plan, "region": region, "kernels": kernels, "what": what,
+                row = {**stamp, "plan": plan, "region": region, "kernels": kernels, "what": what,
                        **{f"{k}_us": round(t, 1) for k, t in timed.items()},
                        "trace_launch": "programmatic" if programmatic else "plain",
                        **marked_runs(traced, stream, flush)}
@@ -155,11 +144,7 @@ def main() -> None:
         for v in (graph_v, pdl, traced):
             v.tensors.arrays.clear()
         cp.get_default_memory_pool().free_all_blocks()
-    fields = list(dict.fromkeys(k for r in rows for k in r))
-    with open(out / "tilesync_overhead.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=fields)
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(Path(a.out or ".") / "tilesync_overhead.csv", rows)
 
 
 if __name__ == "__main__":

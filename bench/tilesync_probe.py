@@ -181,5 +181,33 @@ def summarize_trace(runs: list[dict]) -> str:
     return "\n".join(out)
 
 
+def probe_session(out: str, script: str):
+    """A device probe's common set-up: (DeviceInfo, stream, L2 flusher, the columns every row of
+    its CSV starts with: device, driver, date, command), with `out` created."""
+    import datetime as dt
+
+    import cupy as cp
+
+    from kitsune_dse.validate.harness import env_summary
+    from kitsune_dse.validate.measure import L2Flusher
+    from kitsune_dse.validate.runtime import gpu_info
+    info, _ = gpu_info()
+    env = env_summary()
+    Path(out or ".").mkdir(parents=True, exist_ok=True)
+    stamp = {"device": env.get("gpu", ""), "driver": env.get("driver", ""),
+             "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
+             "command": f"python3 bench/{script} " + " ".join(sys.argv[1:])}
+    return info, cp.cuda.Stream(non_blocking=True), L2Flusher(), stamp
+
+
+def write_rows(path: Path, rows: list[dict]) -> None:
+    """A probe's rows as CSV (columns in order of first appearance)."""
+    import csv
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(dict.fromkeys(k for r in rows for k in r)))
+        w.writeheader()
+        w.writerows(rows)
+
+
 if __name__ == "__main__":
     main()
