@@ -15,7 +15,8 @@ from the committed calibrated spec) on each run's times as measured, and on the 
 one SM clock (time x MHz / the run's median MHz): how much of the fit's residual the clock takes.
 
     here:    python bench/gemm_clock_probe.py --precompile
-    device:  python3 bench/gemm_clock_probe.py --out $OUT [--runs 30] [--trace-runs 5]
+    device:  python3 bench/gemm_clock_probe.py --out $OUT [--runs 30] [--trace-runs 5] [--records]
+             (--records: every traced CTA too, gemm_ctas.csv.gz, for bench/gemm_cta_report.py)
     here:    python bench/gemm_clock_probe.py --fit results/validation/h100/clock_probe/cold_gemm_2026-11-24/*.csv
 """
 from __future__ import annotations
@@ -75,6 +76,19 @@ def clock_summary(runs: list) -> dict:
             "mhz_last_quarter": med(last)}
 
 
+def cta_rows(shape: str, runs: list) -> list[str]:
+    """One CSV line per traced CTA: its SM, start and end (ns from the run's first start) and
+    SM cycles (the schedule analysis of bench/gemm_schedule.py)."""
+    import numpy as np
+    out = []
+    for r, v in enumerate(runs):
+        v = v.astype(np.int64)
+        t0 = v[v[:, 2] > 0, 0].min()
+        out += [f"{shape},{r},{i},{row[3]},{row[0] - t0},{row[2] - t0},{row[5] - row[4]}\n"
+                for i, row in enumerate(v) if row[2] > 0]
+    return out
+
+
 def fit_report(paths: list[str]) -> None:
     """The standalone GEMM fit on each run as measured and at one clock (see the docstring)."""
     import numpy as np
@@ -106,6 +120,8 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--trace-runs", type=int, default=5)
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--records", action="store_true",
+                    help="also write every traced CTA (gemm_ctas.csv.gz: SM, start, end, cycles)")
     a = ap.parse_args()
     if a.precompile:
         from precompile import compile_one
@@ -124,7 +140,7 @@ def main() -> None:
     from kitsune_dse.validate.measure import time_runs
     from tilesync_probe import probe_session, write_rows
     info, stream, flush, stamp = probe_session(a.out, "gemm_clock_probe.py")
-    rows = []
+    rows, ctas = [], []
     for dims in shapes():
         gv, tv = variants(info, dims)
         with stream:
@@ -142,6 +158,8 @@ def main() -> None:
                     runs.append(next(iter(tv.trace_records().values())))
         c = clock_summary(runs)
         m, n, k = dims
+        if a.records:
+            ctas += cta_rows(f"{m}x{n}x{k}", runs)
         row = {**stamp, "m": m, "n": n, "k": k, "time_us": round(t.median_s * 1e6, 2),
                "p10_us": round(t.p10_s * 1e6, 2), "p90_us": round(t.p90_s * 1e6, 2),
                **{key: round(v, 1) for key, v in c.items()}}
@@ -153,6 +171,12 @@ def main() -> None:
             v.tensors.arrays.clear()
         cp.get_default_memory_pool().free_all_blocks()
     write_rows(Path(a.out or ".") / "gemm_clock.csv", rows)
+    if a.records:
+        import gzip
+        with gzip.open(Path(a.out or ".") / "gemm_ctas.csv.gz", "wt", newline="") as f:
+            f.write("# " + ",".join(f"{k}={stamp[k]}" for k in ("device", "driver", "date", "command")) + "\n")
+            f.write("shape,run,cta,smid,start_ns,end_ns,cycles\n")
+            f.writelines(ctas)
 
 
 if __name__ == "__main__":
