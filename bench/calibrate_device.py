@@ -820,6 +820,11 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             st = fit_standalone_transcendental(spec_from_dict(data, name), raw["epilogue_rows"])
             data["standalone_transcendental_flops"] = st["standalone_transcendental_flops"]
             cal["standalone_transcendental_fit"] = st
+            from kitsune_dse.calibrate.fit import fit_standalone_epilogue_input
+            se = fit_standalone_epilogue_input(spec_from_dict(data, name), raw["epilogue_rows"])
+            data["standalone_epilogue_input_s"] = se["standalone_epilogue_input_s"]
+            data["standalone_lone_share"] = se["standalone_lone_share"]
+            cal["standalone_epilogue_input_fit"] = se
         rowop_json = ROOT / "results/validation/h100/rowop_probe/rowop_probe.json"
         if sp is harness and rowop_json.exists():
             # a standalone layernorm at half a streaming kernel's occupancy (bench/rowop_probe.py)

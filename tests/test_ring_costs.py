@@ -181,7 +181,7 @@ def test_fit_row_load_recovers_the_truth():
 
 
 def test_a_residual_read_in_the_epilogue_costs_its_tiles_a_wait():
-    from kitsune_dse.cost.pipeline import _epilogue_inputs
+    from kitsune_dse.cost.region import epilogue_inputs as _epilogue_inputs
     g, _ = case_model("mmadd", "fp16", (16384, 1024, 256))
     assert _epilogue_inputs(g, ("mm", "res"), g.op("mm").info.gemm) == (1, 0)
     g2, _ = case_model("mmrelu", "fp16", (16384, 1024, 256))

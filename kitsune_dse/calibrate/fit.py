@@ -322,6 +322,39 @@ def fit_standalone_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
                     lambda sp, r: fused_time(sp, r["kind"], r["dims"]), refs=EPILOGUE_REFS)
 
 
+def fit_standalone_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
+    """standalone_epilogue_input_s and standalone_lone_share: a residual read in a standalone
+    GEMM kernel's epilogue, from bench/epilogue_probe.py's fused kernels (rows: kind, dims,
+    fused_s), each GEMM + add on its increment over the same GEMM alone (so the GEMM fit's own
+    residual stays out), by least squares on the relative error of the GEMM + add's time. The
+    two constants are told apart by the tile length: the wait costs (1 - share) of it where the
+    other CTA computes and all of it where the other CTA waits too (short tiles)."""
+    from scipy.optimize import least_squares
+    ok = [r for r in rows if r.get("fused_s") and r.get("fused_correct", True)]
+    base = {tuple(r["dims"]): r["fused_s"] for r in ok if r["kind"] == "matmul"}
+    cases = [r for r in ok if r["kind"] == "mmadd" and tuple(r["dims"]) in base]
+    if len(cases) < 2:
+        raise ValueError("fewer than two fused GEMM + add kernels beside the same GEMM alone were measured")
+    meas = np.array([r["fused_s"] for r in cases], float)
+
+    def with_x(x):
+        return spec.model_copy(update={"standalone_epilogue_input_s": float(x[0]) * 1e-6,
+                                       "standalone_lone_share": float(x[1])})
+
+    def resid(x):
+        sp = with_x(x)
+        t = [fused_time(sp, "mmadd", r["dims"]) - fused_time(sp, "matmul", r["dims"]) + base[tuple(r["dims"])]
+             for r in cases]
+        return np.array(t) / meas - 1
+    fit = least_squares(resid, [2.0, 0.7], bounds=([0.0, 0.5], [50.0, 1.0]), diff_step=1e-3)
+    rel = resid(fit.x)
+    return {"standalone_epilogue_input_s": float(fit.x[0]) * 1e-6, "standalone_lone_share": float(fit.x[1]),
+            "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))), "max_rel_error": float(np.max(np.abs(rel))),
+            "points": len(cases), "fitted_on": "increments of mmadd over matmul of the same shape",
+            "rel_error_by_case": {f"mmadd{'x'.join(map(str, r['dims']))} over matmul": round(float(e), 3)
+                                  for r, e in zip(cases, rel)}}
+
+
 def standalone_time(spec: HwSpec, kind: str, dims, dtype: str = "fp16") -> float:
     """The model's time of a microbenchmark case as one-op standalone kernels (a bsp region
     launched as a CUDA graph: bench/rowop_probe.py's kernels)."""

@@ -26,7 +26,7 @@ from kitsune_dse.cost.l2_residency import (first_stage_free_row_blocks, free_row
                                           ring_cycle_stream_bytes, streamed_weight_hit, write_back_fraction)
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.queues import simulate
-from kitsune_dse.cost.region import Region, dirty_lines, handed_over, view_base
+from kitsune_dse.cost.region import Region, dirty_lines, epilogue_inputs, handed_over, view_base
 from kitsune_dse.cost.reuse import dirty_residue
 from kitsune_dse.cost.roofline import (MEM_TILE_BYTES, KernelWork, gemm_tiles, kernel_time,
                                        simt_flops, weight_reread_bytes)
@@ -273,7 +273,7 @@ def _atom_facts(g, spec: HwSpec, atom):
         gd = gi.gemm
         # a dual-B step (two GEMMs on the same A) has both products' column tiles as items
         gemm = (g.tensors[g.op(o).inputs[0]].dtype, gd, sum(1 for _, i in gemms if i.gemm == gd),
-                *_epilogue_inputs(g, atom, gd))
+                *epilogue_inputs(g, atom, gd))
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     # (narrow rows stream as fast per byte as wide ones: softmax of 1024 and of 4096 columns
     # within 2% at 68 SMs once the runtime stopped visiting others' row-blocks, harness v4)
@@ -282,19 +282,6 @@ def _atom_facts(g, spec: HwSpec, atom):
     hit = memo[key] = ("+".join(atom), flops, simt_flops(infos, spec), dtype, gemm, moved,
                        row_op, concat)
     return hit
-
-
-def _epilogue_inputs(g, atom, gd) -> tuple[int, int]:
-    """(full [rows, cols] tensors, vectors) a GEMM group's epilogue reads from outside the group:
-    a residual; a bias (the GEMM's own or an elementwise op's one-row operand)."""
-    made = {t for o in atom for t in g.op(o).outputs}
-    full = gd.batch * gd.m * gd.n
-    outside = {t for o in atom for t in g.op(o).inputs[(2 if g.op(o).info.gemm is not None else 0):]
-               if t not in made}
-    n_full = len({t for t in outside if len(g.tensors[t].shape) >= 2 and g.tensors[t].numel >= full})
-    n_vec = len({t for t in outside if g.tensors[t].numel < full and g.tensors[t].numel <= gd.n * gd.batch
-                 and g.tensors[t].numel > 1})
-    return n_full, n_vec
 
 
 def _gemm_writes_ring(g, c: PipelineChoice, j: int, atoms) -> bool:

@@ -315,6 +315,19 @@ def grid_reread_bytes(gd, tile, split_k: int, elem_bytes: int, cold: str, spec: 
         (max(0.0, br - gd.k * gd.n * elem_bytes) if "b" in cold else 0.0)
 
 
+def epilogue_inputs(g, atom, gd) -> tuple[int, int]:
+    """(full [rows, cols] tensors, vectors) a GEMM group's epilogue reads from outside the group:
+    a residual; a bias (the GEMM's own or an elementwise op's one-row operand)."""
+    made = {t for o in atom for t in g.op(o).outputs}
+    full = gd.batch * gd.m * gd.n
+    outside = {t for o in atom for t in g.op(o).inputs[(2 if g.op(o).info.gemm is not None else 0):]
+               if t not in made}
+    n_full = len({t for t in outside if len(g.tensors[t].shape) >= 2 and g.tensors[t].numel >= full})
+    n_vec = len({t for t in outside if g.tensors[t].numel < full and g.tensors[t].numel <= gd.n * gd.batch
+                 and g.tensors[t].numel > 1})
+    return n_full, n_vec
+
+
 def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: float,
                 dram_write: float, l2_read: float, b_dram: float = 0.0, a_dram: float = 0.0) -> KernelWork:
     infos = [g.op(o).info for o in group]
@@ -328,6 +341,8 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
         gd = i.gemm
 
         cold = ("a" if a_dram else "") + ("b" if b_dram else "")
+        # what its epilogue reads: the inputs of the ops after the GEMM (a prologue's are not)
+        full_inputs = epilogue_inputs(g, group[group.index(o):], gd)[0]
 
         def make(tile, ks):
             again = grid_reread_bytes(gd, tile, ks, DTYPE_BYTES[dtype], cold, spec)
@@ -336,7 +351,7 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
                               split_k=ks, grid_reread_bytes=again, cold_operands=cold, gemm_n=gd.n,
-                              gemm_k=gd.k)
+                              gemm_k=gd.k, epilogue_inputs=full_inputs)
         return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))

@@ -193,15 +193,16 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
              / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
              if work.dram_bytes and _read_overlap_exponent(work, spec) else np.zeros_like(s))
     core = combine_core(work, spec, compute, dram, reads)
-    lat = _with_feed(np.maximum(core, l2), feed, spec) + ramp + per_sm * _epilogue_s(work, spec)
+    epilogue = per_sm * _epilogue_s(work, spec, per_tile)
+    lat = _with_feed(np.maximum(core, l2), feed, spec) + ramp + epilogue
     if _a_stream_share(work, spec):
         lat = np.maximum(lat, _a_stream_floor(work, spec, used))
     if np.ndim(sms) == 0:
-        lat, compute, dram, l2, waves, feed, reads = (float(x) for x in (lat, compute, dram, l2, waves,
-                                                                          feed, reads))
+        lat, compute, dram, l2, waves, feed, reads, epilogue = (
+            float(x) for x in (lat, compute, dram, l2, waves, feed, reads, epilogue))
     if parts:
         return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves, "ramp_s": ramp,
-                     "feed_s": feed, "read_s": reads}
+                     "feed_s": feed, "read_s": reads, "epilogue_s": epilogue}
     return lat
 
 
@@ -356,7 +357,8 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_tile += work.simt_flops / tiles / _simt_rate(work, spec)
     busiest = float(busiest_sm_tiles(work, s, lone_share(work, spec)))
     used = max(float(_sms_streaming(work, s)), 1e-9)
-    compute = busiest * (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
+    per_tile = (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
+    compute = busiest * per_tile
     feed = busiest * _fed_tile_s(work, spec, max(used, work.feed_sms))
     e = spec.efficiency
     p = e.hbm_saturation_exponent
@@ -384,7 +386,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         core = max((compute ** norm + reads ** norm) ** (1.0 / norm), dram)
     else:
         core = max(compute, dram) + (1.0 - _overlap(work, spec)) * min(compute, dram)
-    lat = _with_feed(max(core, l2), feed, spec) + _ramp(work, spec) + busiest * _epilogue_s(work, spec)
+    lat = _with_feed(max(core, l2), feed, spec) + _ramp(work, spec) + busiest * _epilogue_s(work, spec, per_tile)
     if _a_stream_share(work, spec):
         lat = max(lat, float(_a_stream_floor(work, spec, used)))
     return lat
@@ -544,17 +546,36 @@ def _loaded_tile_fixed(work: KernelWork, spec: HwSpec, used):
     return float(out) if np.ndim(out) == 0 else out
 
 
-def _epilogue_s(work: KernelWork, spec: HwSpec) -> float:
+def _epilogue_s(work: KernelWork, spec: HwSpec, tile_s: float = 0.0) -> float:
     """Per output tile of a persistent GEMM step, what its epilogue's inputs cost its team: a
     full-tile input (a residual, per 128x128 of area) and a vector (a bias, per 128 columns),
     loads the team waits for after its main loop, which neither the operand feed nor the DRAM
     stream hides (one-stage probes at 132 SMs: a residual added 4-5.5 us per tile on the busiest
-    SM, a bias 0.3-0.9, whatever the step's bound)."""
-    if not (work.persistent and _is_gemm(work) and (work.epilogue_inputs or work.epilogue_vectors)):
+    SM, a bias 0.3-0.9, whatever the step's bound). A standalone kernel's: _standalone_epilogue_s."""
+    if not work.persistent:
+        return _standalone_epilogue_s(work, spec, tile_s)
+    if not (_is_gemm(work) and (work.epilogue_inputs or work.epilogue_vectors)):
         return 0.0
     bm, bn = work.tile_shape
     return (work.epilogue_inputs * spec.epilogue_input_s * bm * bn / (128 * 128)
             + work.epilogue_vectors * spec.epilogue_vector_s * bn / 128) / max(1, work.split_k)
+
+
+def _standalone_epilogue_s(work: KernelWork, spec: HwSpec, tile_s) -> float:
+    """Per tile-time of the busiest SM, what a standalone GEMM's full epilogue inputs (a
+    residual) cost: each CTA waits w = standalone_epilogue_input_s per input after its main
+    loop, while its SM runs the other CTA alone at standalone_lone_share r of its rate, losing
+    w (1 - r); where the other CTA waits too (a share w / d of the time, d = two tile-times, a
+    paired CTA's tile), all of w. Fused 16384 x N x K GEMMs with and without a residual: +33.5 us
+    at K = 768, +17 at K = 256, +6 at K = 3072, where their DRAM streams hide it (0.6-3 us in
+    the p-norm): the short tiles' CTAs wait together."""
+    w = spec.standalone_epilogue_input_s
+    if not (w and work.epilogue_inputs and _is_gemm(work)):
+        return 0.0
+    bm, bn = work.tile_shape
+    d = np.maximum(2.0 * np.asarray(tile_s, dtype=float), w)
+    out = work.epilogue_inputs * w * bm * bn / (128 * 128) * ((1.0 - spec.standalone_lone_share) + w / d)
+    return float(out) if np.ndim(out) == 0 else out
 
 
 def _ramp(work: KernelWork, spec: HwSpec) -> float:

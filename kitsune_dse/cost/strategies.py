@@ -256,8 +256,9 @@ def _fluid(w: KernelWork, spec: HwSpec, S: int) -> float:
     tiles = max(1, w.tiles)
     if float(busiest_sm_tiles(w, S)) <= 1.0:
         return t
-    compute = p["compute_s"] * tiles / (math.ceil(tiles / S) * S)
-    return max(combine_core(w, spec, compute, p["dram_s"], p["read_s"]), p["l2_s"]) + p["ramp_s"]
+    spread = tiles / (math.ceil(tiles / S) * S)      # its tile work, epilogues too, over all SMs
+    return (max(combine_core(w, spec, p["compute_s"] * spread, p["dram_s"], p["read_s"]), p["l2_s"])
+            + p["ramp_s"] + p["epilogue_s"] * spread)
 
 
 def _tile_s(w: KernelWork, t: float, S: int) -> float:

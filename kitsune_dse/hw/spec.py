@@ -257,6 +257,20 @@ class HwSpec(_Strict):
                                                 # the same for a standalone GEMM kernel's tile
                                                 # (calibrated on fused kernels N = 1..64 against
                                                 # N = 128, bench/narrow_probe.py)
+    standalone_epilogue_input_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
+                                                # a standalone GEMM CTA's wait, per 128x128 tile
+                                                # and full input its epilogue reads (a residual),
+                                                # after its main loop; its SM keeps only
+                                                # standalone_lone_share of its rate meanwhile,
+                                                # all of it lost where the other CTA waits too
+                                                # (calibrated on fused GEMMs with and without a
+                                                # residual add, bench/epilogue_probe.py's cases)
+    standalone_lone_share: Annotated[float, Field(ge=0.5, le=1, allow_inf_nan=False)] = 1.0
+                                                # share of its SM's rate one CTA of a standalone
+                                                # GEMM (two CTAs per SM) keeps alone (CTA traces
+                                                # of the calibration's GEMMs: a lone CTA's tile
+                                                # takes 0.73-0.78 of a paired one's, 0.66; 1: no
+                                                # loss while the other CTA waits)
     transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # SIMT FLOP-equivalents of one special-function
                                                 # evaluation (a GELU's tanh, a SiLU's exp) in a
