@@ -34,7 +34,10 @@ if (ROOT / "bench/.cubin_cache").is_dir():
     os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
 
 
-def shapes() -> list[tuple[int, int, int]]:
+def shapes(spec: str = "") -> list[tuple[int, int, int]]:
+    """The calibration's GEMM shapes, or `spec`'s: MxNxK,MxNxK,..."""
+    if spec:
+        return [tuple(int(x) for x in s.split("x")) for s in spec.split(",")]
     from calibrate_device import BALANCE_SHAPES, SQUARES, SUITE_SHAPES
     out = [(n, n, n) for n in SQUARES] + list(SUITE_SHAPES) + list(BALANCE_SHAPES)
     return list(dict.fromkeys(out))
@@ -120,6 +123,7 @@ def main() -> None:
     ap.add_argument("--runs", type=int, default=30)
     ap.add_argument("--trace-runs", type=int, default=5)
     ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--shapes", default="", help="MxNxK,... in place of the calibration's shapes")
     ap.add_argument("--records", action="store_true",
                     help="also write every traced CTA (gemm_ctas.csv.gz: SM, start, end, cycles)")
     a = ap.parse_args()
@@ -130,7 +134,7 @@ def main() -> None:
         info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
         cache = ROOT / "bench/.cubin_cache"
         cache.mkdir(parents=True, exist_ok=True)
-        for dims in shapes():
+        for dims in shapes(a.shapes):
             gv, tv = variants(info, dims)
             for v in (gv, tv):
                 print(compile_one(v.build(), info.arch, cache), flush=True)
@@ -141,7 +145,7 @@ def main() -> None:
     from tilesync_probe import probe_session, write_rows
     info, stream, flush, stamp = probe_session(a.out, "gemm_clock_probe.py")
     rows, ctas = [], []
-    for dims in shapes():
+    for dims in shapes(a.shapes):
         gv, tv = variants(info, dims)
         with stream:
             gv.prepare()
