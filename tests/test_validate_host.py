@@ -258,10 +258,15 @@ def test_pipeline_source_structure():
     traced = layout_pipeline(reg, region, trace=True)
     # one u64 per (step, row-block) after the worker timers, inside the control block
     assert traced.trace_off >= lay.ctrl_words and traced.trace_off % 2 == 0
-    assert traced.ctrl_words == traced.trace_off + 2 * len(traced.steps) * traced.nrb
+    # then two u64 per worker: its clock64 at start and end (its SM clock over its span)
+    assert traced.clock_off == traced.trace_off + 2 * len(traced.steps) * traced.nrb
+    assert traced.ctrl_words == traced.clock_off + traced.grid * traced.teams * 4
     tsrc = codegen.pipeline_source(traced, codegen.BufTable())
     assert tsrc.count("atomicMax(") == len(traced.steps)
     assert f"+ {traced.trace_off}) + 1 * {traced.nrb} + rb" in tsrc
+    assert tsrc.count("clock64()") == 2 and f"ctrl + {traced.clock_off})" in tsrc
+    # the untraced kernel (what is timed) carries none of it
+    assert lay.clock_off == 0 and "clock64" not in src
 
 
 def _carried_items(c, items, workers, nrb):

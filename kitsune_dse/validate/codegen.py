@@ -659,9 +659,11 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
          "    Team tm; tm.tid = threadIdx.x & 255; tm.bar = 1 + team; tm.rbar = 3 + 4 * team;",
          f"    unsigned char* tsmem = smem + team * {half};",
          f"    const u32 who = blockIdx.x * {T} + team;",
-         "    const u64 t_begin = globaltimer();",
-         f"    if (threadIdx.x == 0) ctrl[{layout.smid_off} + blockIdx.x] = smid();",
-         "    const int b = blockIdx.x;"]
+         "    const u64 t_begin = globaltimer();"]
+    if layout.clock_off:   # traced: the worker's SM cycles too (diagnostics: its clock)
+        k.append("    const long long c_begin = clock64();")
+    k += [f"    if (threadIdx.x == 0) ctrl[{layout.smid_off} + blockIdx.x] = smid();",
+          "    const int b = blockIdx.x;"]
     for j, stage in enumerate(layout.stages):
         cond = "if" if j == 0 else "else if"
         # worker c = team * ctas + CTA: consecutive items go to distinct SMs (a lone team gets its
@@ -670,7 +672,10 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                  f"bufs, ctrl, tmo, tsmem, tm, who);")
     k += ["    if (tm.tid == 0) {   // this worker's span (host: per-stage end times)",
           f"        u64* ts = reinterpret_cast<u64*>(ctrl + {layout.time_off}) + 2 * who;",
-          "        ts[0] = t_begin; ts[1] = globaltimer();",
-          "    }", "}"]
+          "        ts[0] = t_begin; ts[1] = globaltimer();"]
+    if layout.clock_off:
+        k += [f"        u64* cs = reinterpret_cast<u64*>(ctrl + {layout.clock_off}) + 2 * who;",
+              "        cs[0] = (u64)c_begin; cs[1] = (u64)clock64();"]
+    k += ["    }", "}"]
     src.append("\n".join(k))
     return "\n\n".join(src) + "\n"

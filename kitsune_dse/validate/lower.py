@@ -619,6 +619,7 @@ class PipelineLayout:
     teams: int = TEAMS                              # 256-thread workers per CTA
     time_off: int = 0                               # per worker: %globaltimer at start and end (2 x u64)
     trace_off: int = 0                              # per (step, row-block): when its last item ended (u64); 0: off
+    clock_off: int = 0                              # traced: per worker, clock64 at start and end (2 x u64); 0: off
 
     def ring_of(self, tensor: str) -> Ring | None:
         for r in self.rings:
@@ -837,8 +838,12 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
     if trace:                                       # u64 per (step, row-block), 8-byte aligned
         trace_off = (off + 1) // 2 * 2
         off = trace_off + 2 * len(steps) * nrb
+    clock_off = 0
+    if trace:                                       # 2 x u64 per worker (its SM clock: cycles / ns)
+        clock_off = off
+        off = clock_off + first * teams * 4
     return PipelineLayout(reg, bm, rows, nrb, stages, steps, rings, first, off, smid_off, notes,
-                          plant_deadlock, teams, time_off, trace_off)
+                          plant_deadlock, teams, time_off, trace_off, clock_off)
 
 
 KSPLIT_WS_BYTES = 24 * 2**20

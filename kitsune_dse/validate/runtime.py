@@ -677,6 +677,15 @@ class PipelineVariant(Variant):
                 tr = tr.reshape(len(lay.steps), lay.nrb).astype(np.int64) - t0
                 self.placement["step_rb_done_us"] = [[round(float(x) / 1e3, 2) for x in row] for row in tr]
                 self.placement["step_stage"] = [st.stage for st in lay.steps]
+            if lay.clock_off:   # per stage: its workers' SM cycles over their nanoseconds (MHz)
+                cs = c[lay.clock_off: lay.clock_off + lay.grid * lay.teams * 4].view(np.uint64).reshape(-1, 2)
+                mhz = []
+                for s in lay.stages:
+                    w = slice(s.first_cta * lay.teams, (s.first_cta + s.ctas) * lay.teams)
+                    ns = (ts[w, 1].astype(np.int64) - ts[w, 0].astype(np.int64)).sum()
+                    cyc = (cs[w, 1].astype(np.int64) - cs[w, 0].astype(np.int64)).sum()
+                    mhz.append(round(float(cyc) / max(1, int(ns)) * 1e3, 1))
+                self.placement["stage_mhz"] = mhz
         if distinct != lay.grid:
             raise PipelineError(f"placement: {lay.grid} CTAs ran on only {distinct} distinct SMs")
 
