@@ -784,12 +784,16 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         if shapes:
             # the harness's tile: also how its math and read stream overlap (BALANCE_SHAPES,
             # where the two near each other)
-            g = fit_standalone_gemm(spec_from_dict(data, name), shapes, read_overlap=sp is harness)
+            g = fit_standalone_gemm(spec_from_dict(data, name), shapes, read_overlap=sp is harness,
+                                    pairs=sp is harness)
             data["efficiency"]["tensor_core"] = g["tensor_core"]
             data["efficiency"]["gemm_hbm"] = g["gemm_hbm"]
             data["efficiency"]["gemm_read_overlap_exponent"] = g["read_overlap_exponent"]
             data["gemm_standalone_tile_fixed_s"] = g["tile_fixed_s"]
             data["gemm_ramp_s"] = g["ramp_s"]
+            if sp is harness:   # (cuBLAS's kernels run one CTA per SM: its spec keeps none)
+                data["gemm_tail_tiles"] = g["tail_tiles"]
+                data["standalone_lone_share"] = g["lone_share"]
             cal["standalone_gemm_fit"] = {k: v for k, v in g.items() if k != "spec"}
             cal["tensor_core_flop_per_s"] = g["tensor_flop_per_s"]
         # persistent GEMM steps: their rate, a fixed cost per output tile and the operand bytes
@@ -823,7 +827,6 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             from kitsune_dse.calibrate.fit import fit_standalone_epilogue_input
             se = fit_standalone_epilogue_input(spec_from_dict(data, name), raw["epilogue_rows"])
             data["standalone_epilogue_input_s"] = se["standalone_epilogue_input_s"]
-            data["standalone_lone_share"] = se["standalone_lone_share"]
             cal["standalone_epilogue_input_fit"] = se
         rowop_json = ROOT / "results/validation/h100/rowop_probe/rowop_probe.json"
         if sp is harness and rowop_json.exists():

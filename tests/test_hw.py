@@ -56,7 +56,7 @@ def test_spec_loads_and_is_sane(name):
                                     "gemm_ramp_s", "tilesync_fixed_s", "tile_wait_s", "tile_signal_s",
                                     "persistent_row_item_fixed_s", "region_gap_s", "tilesync_handoff_s",
                                     "transcendental_flops", "persistent_row_load_slowdown", "epilogue_input_s", "epilogue_vector_s",
-                                    "persistent_narrow_tile_saving", "standalone_narrow_tile_saving", "standalone_epilogue_input_s",
+                                    "persistent_narrow_tile_saving", "standalone_narrow_tile_saving", "standalone_epilogue_input_s", "gemm_tail_tiles",
                                     "region_boundary_hidden_s", "local_frame_step_bytes",
                                     "local_frame_concat_bytes", "persistent_a_stream_fill_s")
             assert (v >= 0 if zero_ok else v > 0) and math.isfinite(v), field

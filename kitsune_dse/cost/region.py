@@ -351,7 +351,8 @@ def _group_work(g: Graph, group: tuple[str, ...], spec: HwSpec, sms, dram_read: 
                               l2_bytes=l2_read + split_k_partials_bytes(gd.batch, gd.m, gd.n, ks),
                               tiles=gemm_tiles(gd.batch, gd.m, gd.n, tile) * ks, tile_shape=tile,
                               split_k=ks, grid_reread_bytes=again, cold_operands=cold, gemm_n=gd.n,
-                              gemm_k=gd.k, epilogue_inputs=full_inputs)
+                              gemm_k=gd.k, epilogue_inputs=full_inputs,
+                              paired_ctas=len(gemms) == 1 and tile[1] == 128)
         return best_gemm_tile(make, spec, sms, gd.k, gd.batch * gd.m, gd.n)[0]
     moved = sum(sum(i.read_bytes.values()) + sum(i.write_bytes.values()) for i in infos)
     tiles = max(1, math.ceil(moved / MEM_TILE_BYTES))

@@ -90,6 +90,9 @@ class KernelWork:
                                    # evicts dirty before they are overwritten (cost.pipeline):
                                    # L2 writes them back on its own, the step's SMs do not wait
                                    # (the region's DRAM floor still carries them)
+    paired_ctas: bool = False      # a standalone GEMM grid whose SMs run two CTAs each (the
+                                   # harness's 128-wide one-B tile): a CTA alone on its SM runs at
+                                   # standalone_lone_share of its rate, not half of it
 
     @property
     def dram_bytes(self) -> float:
@@ -164,7 +167,7 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     cps = max(1, work.ctas_per_sm)
     tiles = max(1, work.tiles)
     waves = np.ceil(tiles / (s * cps))
-    per_sm = busiest_sm_tiles(work, s, lone_share(work, spec))
+    per_sm = busiest_sm_time(work, spec, s)
     per_tile = 0.0
     if work.tensor_flops:
         per_tile += work.tensor_flops * _tile_padding(work, spec) / tiles / _tensor_rate(work, spec)
@@ -172,7 +175,11 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
         per_tile += work.simt_flops / tiles / _simt_rate(work, spec)
     used = _sms_streaming(work, s)
     per_tile = (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
-    compute = per_sm * per_tile
+    # the busiest SM's math; its last round (a lone CTA, the pair's slower one) is math where
+    # the grid's math binds, hidden where its stream does (tail_share)
+    rounds = busiest_sm_tiles(work, s, lone_share(work, spec))
+    compute = rounds * per_tile
+    last = (per_sm - rounds) * per_tile + _tail_s(work, spec, s, per_tile)
     feed = per_sm * _fed_tile_s(work, spec, np.maximum(used, work.feed_sms))
     dram_bytes = work.timed_dram_bytes + weight_reread_bytes(work, s)
     dram = (dram_bytes / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
@@ -192,17 +199,20 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     reads = ((work.dram_read_bytes + weight_reread_bytes(work, s))
              / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
              if work.dram_bytes and _read_overlap_exponent(work, spec) else np.zeros_like(s))
+    tail = last * tail_share(compute, reads if _read_overlap_exponent(work, spec) else dram)
+    compute = compute + tail
     core = combine_core(work, spec, compute, dram, reads)
-    epilogue = per_sm * _epilogue_s(work, spec, per_tile)
+    # an epilogue's wait is per tile: the busiest SM's count of them, not its tile times
+    epilogue = rounds * _epilogue_s(work, spec, per_tile)
     lat = _with_feed(np.maximum(core, l2), feed, spec) + ramp + epilogue
     if _a_stream_share(work, spec):
         lat = np.maximum(lat, _a_stream_floor(work, spec, used))
     if np.ndim(sms) == 0:
-        lat, compute, dram, l2, waves, feed, reads, epilogue = (
-            float(x) for x in (lat, compute, dram, l2, waves, feed, reads, epilogue))
+        lat, compute, dram, l2, waves, feed, reads, epilogue, tail = (
+            float(x) for x in (lat, compute, dram, l2, waves, feed, reads, epilogue, tail))
     if parts:
         return lat, {"compute_s": compute, "dram_s": dram, "l2_s": l2, "waves": waves, "ramp_s": ramp,
-                     "feed_s": feed, "read_s": reads, "epilogue_s": epilogue}
+                     "feed_s": feed, "read_s": reads, "epilogue_s": epilogue, "tail_s": tail}
     return lat
 
 
@@ -265,6 +275,19 @@ def lone_share(work: KernelWork, spec: HwSpec) -> float:
     """A persistent item's share of its SM's rate when the SM's other team is idle (GEMM steps,
     calibrated; other steps are bound by their loads, which a lone team halves)."""
     return spec.efficiency.persistent_lone_team if work.persistent and _is_gemm(work) else 0.5
+
+
+def busiest_sm_time(work: KernelWork, spec: HwSpec, s):
+    """busiest_sm_tiles in tile times, as kernel_time prices the busiest SM: a standalone grid
+    of paired CTAs (two a SM) runs its busiest SM's k = ceil(tiles / s) tiles k tile times for
+    an even k, and k - 1 + 1 / standalone_lone_share for an odd one, the last CTA alone (CTA
+    traces: a lone CTA's tile takes 0.64-0.79 of a paired one's, i.e. 1.3-1.6 tile times where
+    the rule before priced one)."""
+    if work.paired_ctas and not work.persistent and _is_gemm(work):
+        k = np.ceil(max(1, work.tiles) / np.maximum(np.asarray(s, dtype=float), 1e-9))
+        out = k + np.where(np.mod(k, 2) > 0, 1.0 / spec.standalone_lone_share - 1.0, 0.0)
+        return float(out) if np.ndim(out) == 0 else out
+    return busiest_sm_tiles(work, s, lone_share(work, spec))
 
 
 def weight_reread_bytes(work: KernelWork, s):
@@ -355,10 +378,12 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         per_tile += work.tensor_flops * _tile_padding(work, spec) / tiles / _tensor_rate(work, spec)
     if work.simt_flops:
         per_tile += work.simt_flops / tiles / _simt_rate(work, spec)
-    busiest = float(busiest_sm_tiles(work, s, lone_share(work, spec)))
+    busiest = float(busiest_sm_time(work, spec, s))
+    count = float(busiest_sm_tiles(work, s, lone_share(work, spec)))
     used = max(float(_sms_streaming(work, s)), 1e-9)
     per_tile = (per_tile + _tile_fixed(work, spec, used)) * _narrow_tile_share(work, spec)
-    compute = busiest * per_tile
+    compute = count * per_tile
+    last = (busiest - count) * per_tile + float(_tail_s(work, spec, s, per_tile))
     feed = busiest * _fed_tile_s(work, spec, max(used, work.feed_sms))
     e = spec.efficiency
     p = e.hbm_saturation_exponent
@@ -381,12 +406,14 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
     if work.l2_bytes:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
+    if last:
+        compute += last * float(tail_share(compute, reads if norm else dram))
     # combine_core without NumPy (this path's reason to be)
     if norm:
         core = max((compute ** norm + reads ** norm) ** (1.0 / norm), dram)
     else:
         core = max(compute, dram) + (1.0 - _overlap(work, spec)) * min(compute, dram)
-    lat = _with_feed(max(core, l2), feed, spec) + _ramp(work, spec) + busiest * _epilogue_s(work, spec, per_tile)
+    lat = _with_feed(max(core, l2), feed, spec) + _ramp(work, spec) + count * _epilogue_s(work, spec, per_tile)
     if _a_stream_share(work, spec):
         lat = max(lat, float(_a_stream_floor(work, spec, used)))
     return lat
@@ -575,6 +602,30 @@ def _standalone_epilogue_s(work: KernelWork, spec: HwSpec, tile_s) -> float:
     bm, bn = work.tile_shape
     d = np.maximum(2.0 * np.asarray(tile_s, dtype=float), w)
     out = work.epilogue_inputs * w * bm * bn / (128 * 128) * ((1.0 - spec.standalone_lone_share) + w / d)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def tail_share(compute, stream):
+    """How much of a grid's last round (its lone CTA's slower tile, the pair's slower CTA) adds
+    to its math: all of it where the math binds, its math's share where the read stream is as
+    long (a DRAM-bound grid's lone CTA streams faster, not slower: CTA traces give the
+    weight-streaming 64 x 49152 x 12288 a lone share of 1.07)."""
+    c, r = np.asarray(compute, dtype=float), np.asarray(stream, dtype=float)
+    out = np.where(c + r > 0, c / np.maximum(c + r, 1e-30), 1.0)
+    return float(out) if np.ndim(out) == 0 else out
+
+
+def _tail_s(work: KernelWork, spec: HwSpec, s, tile_s):
+    """A standalone GEMM grid's tail past its busiest SM's whole rounds: two CTAs share an SM
+    unevenly (one of a pair ends ~10% before the other), so the last round ends with the slower
+    one, gemm_tail_tiles tile times on (CTA traces of the calibration's GEMMs: the span is whole
+    rounds plus 0.07-0.13 of a paired CTA's time, `cta_trace_2026-11-24/`). None where no SM
+    runs two CTAs (tiles <= SMs); a tilesync producer's fluid time has none (its tail is what
+    the next kernel fills)."""
+    th = spec.gemm_tail_tiles
+    if not th or work.persistent or not work.paired_ctas or not _is_gemm(work):
+        return 0.0 * np.asarray(s, dtype=float) if np.ndim(s) else 0.0
+    out = np.where(np.asarray(s, dtype=float) < max(1, work.tiles), th * np.asarray(tile_s, dtype=float), 0.0)
     return float(out) if np.ndim(out) == 0 else out
 
 

@@ -267,10 +267,11 @@ class HwSpec(_Strict):
                                                 # residual add, bench/epilogue_probe.py's cases)
     standalone_lone_share: Annotated[float, Field(ge=0.5, le=1, allow_inf_nan=False)] = 1.0
                                                 # share of its SM's rate one CTA of a standalone
-                                                # GEMM (two CTAs per SM) keeps alone (CTA traces
-                                                # of the calibration's GEMMs: a lone CTA's tile
-                                                # takes 0.73-0.78 of a paired one's, 0.66; 1: no
-                                                # loss while the other CTA waits)
+                                                # GEMM (two CTAs per SM) keeps alone: an odd last
+                                                # tile, a single-wave grid, an epilogue's wait
+                                                # (fitted with the GEMM's rate; CTA traces of
+                                                # the calibration's GEMMs gave 0.64-0.80; 1: a
+                                                # lone CTA as fast as a pair, no such loss)
     transcendental_flops: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # SIMT FLOP-equivalents of one special-function
                                                 # evaluation (a GELU's tanh, a SiLU's exp) in a
@@ -342,6 +343,12 @@ class HwSpec(_Strict):
     gemm_ramp_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # standalone GEMM kernels: the first tile's prologue
                                                 # and the last one's epilogue (calibrated)
+    gemm_tail_tiles: Annotated[float, Field(ge=0, le=2, allow_inf_nan=False)] = 0.0
+                                                # a standalone GEMM grid of more tiles than SMs:
+                                                # tile times its busiest SM spends past its whole
+                                                # rounds, the slower CTA of its last pair (two CTAs
+                                                # share an SM unevenly; CTA traces: 0.13-0.5;
+                                                # calibrated with the GEMM's rate)
     gemm_k_tile: Annotated[int, Field(ge=0, le=4096)] = 0
                                                 # a GEMM tile's main loop steps through K in
                                                 # slabs of this many (the harness's 64): a K that
