@@ -284,6 +284,9 @@ def busiest_sm_time(work: KernelWork, spec: HwSpec, s):
     traces: a lone CTA's tile takes 0.64-0.79 of a paired one's, i.e. 1.3-1.6 tile times where
     the rule before priced one)."""
     if work.paired_ctas and not work.persistent and _is_gemm(work):
+        if np.ndim(s) == 0:     # the search's scalar calls: no NumPy dispatch
+            k = math.ceil(max(1, work.tiles) / max(float(s), 1e-9))
+            return k + (1.0 / spec.standalone_lone_share - 1.0 if k % 2 else 0.0)
         k = np.ceil(max(1, work.tiles) / np.maximum(np.asarray(s, dtype=float), 1e-9))
         out = k + np.where(np.mod(k, 2) > 0, 1.0 / spec.standalone_lone_share - 1.0, 0.0)
         return float(out) if np.ndim(out) == 0 else out
@@ -407,7 +410,8 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
     if last:
-        compute += last * float(tail_share(compute, reads if norm else dram))
+        stream = reads if norm else dram
+        compute += last * (compute / (compute + stream) if compute + stream > 0 else 1.0)
     # combine_core without NumPy (this path's reason to be)
     if norm:
         core = max((compute ** norm + reads ** norm) ** (1.0 / norm), dram)
@@ -625,6 +629,8 @@ def _tail_s(work: KernelWork, spec: HwSpec, s, tile_s):
     th = spec.gemm_tail_tiles
     if not th or work.persistent or not work.paired_ctas or not _is_gemm(work):
         return 0.0 * np.asarray(s, dtype=float) if np.ndim(s) else 0.0
+    if np.ndim(s) == 0 and np.ndim(tile_s) == 0:
+        return th * float(tile_s) if float(s) < max(1, work.tiles) else 0.0
     out = np.where(np.asarray(s, dtype=float) < max(1, work.tiles), th * np.asarray(tile_s, dtype=float), 0.0)
     return float(out) if np.ndim(out) == 0 else out
 
