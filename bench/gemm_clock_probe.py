@@ -142,7 +142,7 @@ def main() -> None:
     import cupy as cp
 
     from kitsune_dse.validate.measure import time_runs
-    from tilesync_probe import probe_session, write_rows
+    from tilesync_probe import probe_session, timing_fields, traced_cold_runs, write_rows
     info, stream, flush, stamp = probe_session(a.out, "gemm_clock_probe.py")
     rows, ctas = [], []
     for dims in shapes(a.shapes):
@@ -151,21 +151,13 @@ def main() -> None:
             gv.prepare()
             t = time_runs(gv.run, gv.pre, gv.after, stream, a.runs, 3, flush)
             tv.prepare()
-            runs = []
-            for i in range(a.trace_runs + 1):
-                tv.pre(True)
-                flush(stream)
-                tv.run(stream)
-                stream.synchronize()
-                tv.after()
-                if i:
-                    runs.append(next(iter(tv.trace_records().values())))
+            runs = traced_cold_runs(tv, stream, flush, a.trace_runs,
+                                    lambda v: next(iter(v.trace_records().values())))
         c = clock_summary(runs)
         m, n, k = dims
         if a.records:
             ctas += cta_rows(f"{m}x{n}x{k}", runs)
-        row = {**stamp, "m": m, "n": n, "k": k, "time_us": round(t.median_s * 1e6, 2),
-               "p10_us": round(t.p10_s * 1e6, 2), "p90_us": round(t.p90_s * 1e6, 2),
+        row = {**stamp, "m": m, "n": n, "k": k, **timing_fields(t),
                **{key: round(v, 1) for key, v in c.items()}}
         rows.append(row)
         print(f"{m}x{n}x{k}: {row['time_us']:9.1f} us  span {row['span_us']:9.1f}  "

@@ -82,7 +82,7 @@ def main() -> None:
     import numpy as np
 
     from kitsune_dse.validate.measure import time_runs
-    from tilesync_probe import probe_session, write_rows
+    from tilesync_probe import probe_session, timing_fields, traced_cold_runs, write_rows
     info, stream, flush, stamp = probe_session(a.out, "pipe_clock_probe.py")
     rows = []
     for label, pv, tv in cases(info):
@@ -90,20 +90,12 @@ def main() -> None:
             pv.prepare()
             t = time_runs(pv.run, pv.pre, pv.after, stream, a.runs, 3, flush)
             tv.prepare()
-            ends, mhz = [], []
-            for i in range(a.trace_runs + 1):
-                tv.pre(True)
-                flush(stream)
-                tv.run(stream)
-                stream.synchronize()
-                tv.after()
-                if i:
-                    ends.append(tv.placement["stage_end_us"])
-                    mhz.append(tv.placement["stage_mhz"])
-        ends, mhz = np.median(np.asarray(ends), axis=0), np.median(np.asarray(mhz), axis=0)
+            recs = traced_cold_runs(tv, stream, flush, a.trace_runs,
+                                    lambda v: (v.placement["stage_end_us"], v.placement["stage_mhz"]))
+        ends = np.median(np.asarray([e for e, _ in recs]), axis=0)
+        mhz = np.median(np.asarray([m for _, m in recs]), axis=0)
         row = {**stamp, "case": label, "sms_per_stage": json.dumps(tv.placement["sms_per_stage"]),
-               "time_us": round(t.median_s * 1e6, 2), "p10_us": round(t.p10_s * 1e6, 2),
-               "p90_us": round(t.p90_s * 1e6, 2),
+               **timing_fields(t),
                "traced_stage_end_us": json.dumps([round(float(x), 1) for x in ends]),
                "stage_mhz": json.dumps([round(float(x), 1) for x in mhz])}
         rows.append(row)

@@ -82,16 +82,8 @@ def main() -> None:
         for programmatic, path in ((True, a.trace), (False, a.trace.replace(".npz", "-plain.npz"))):
             traced.programmatic = programmatic
             traced.graph = None         # captured again with this launch mode
-            runs = []
             with stream:
-                for i in range(a.trace_runs + 1):
-                    traced.pre(True)
-                    flush(stream)
-                    traced.run(stream)
-                    stream.synchronize()
-                    traced.after()
-                    if i:       # the first run warms the module
-                        runs.append(traced.trace_records())
+                runs = traced_cold_runs(traced, stream, flush, a.trace_runs, lambda v: v.trace_records())
             np.savez(path, **{f"run{i}_{k}": v for i, r in enumerate(runs) for k, v in r.items()})
             print(f"  CTA trace, {'programmatic launches' if programmatic else 'plain stream order'} "
                   f"(us from the first CTA's start; median of {len(runs)} cold runs):")
@@ -198,6 +190,27 @@ def probe_session(out: str, script: str):
              "date": dt.datetime.now(dt.timezone.utc).strftime("%Y-%m-%dT%H:%MZ"),
              "command": f"python3 bench/{script} " + " ".join(sys.argv[1:])}
     return info, cp.cuda.Stream(non_blocking=True), L2Flusher(), stamp
+
+
+def traced_cold_runs(v, stream, flush, runs: int, read) -> list:
+    """read(v) after each of `runs` cold runs (behind the flush, poisoned outputs) of a traced
+    variant, after one more that warms its module."""
+    out = []
+    for i in range(runs + 1):
+        v.pre(True)
+        flush(stream)
+        v.run(stream)
+        stream.synchronize()
+        v.after()
+        if i:
+            out.append(read(v))
+    return out
+
+
+def timing_fields(t, digits: int = 2) -> dict:
+    """A cold timing's median, p10 and p90 (us) as a probe row's columns."""
+    return {"time_us": round(t.median_s * 1e6, digits), "p10_us": round(t.p10_s * 1e6, digits),
+            "p90_us": round(t.p90_s * 1e6, digits)}
 
 
 def write_rows(path: Path, rows: list[dict]) -> None:

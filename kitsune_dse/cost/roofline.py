@@ -196,10 +196,11 @@ def _kernel_time_parts(work: KernelWork, spec: HwSpec, sms, parts: bool):
     # caps the step (its loads overlap the math and the DRAM stream they carry)
     ramp = _ramp(work, spec)
     # the read stream only where a norm takes it (the search's hot path takes none)
+    norm = _read_overlap_exponent(work, spec)
     reads = ((work.dram_read_bytes + weight_reread_bytes(work, s))
              / spec.hbm_bandwidth_from(used, _hbm_ceiling(work, spec), _sm_stream(work, spec))
-             if work.dram_bytes and _read_overlap_exponent(work, spec) else np.zeros_like(s))
-    tail = last * tail_share(compute, reads if _read_overlap_exponent(work, spec) else dram)
+             if work.dram_bytes and norm else np.zeros_like(s))
+    tail = last * tail_share(compute, reads if norm else dram)
     compute = compute + tail
     core = combine_core(work, spec, compute, dram, reads)
     # an epilogue's wait is per tile: the busiest SM's count of them, not its tile times
@@ -288,8 +289,7 @@ def busiest_sm_time(work: KernelWork, spec: HwSpec, s):
             k = math.ceil(max(1, work.tiles) / max(float(s), 1e-9))
             return k + (1.0 / spec.standalone_lone_share - 1.0 if k % 2 else 0.0)
         k = np.ceil(max(1, work.tiles) / np.maximum(np.asarray(s, dtype=float), 1e-9))
-        out = k + np.where(np.mod(k, 2) > 0, 1.0 / spec.standalone_lone_share - 1.0, 0.0)
-        return float(out) if np.ndim(out) == 0 else out
+        return k + np.where(np.mod(k, 2) > 0, 1.0 / spec.standalone_lone_share - 1.0, 0.0)
     return busiest_sm_tiles(work, s, lone_share(work, spec))
 
 
@@ -410,8 +410,7 @@ def _kernel_time_scalar(work: KernelWork, spec: HwSpec, sms: float) -> float:
         bw = _smooth_min(used * spec.l2_per_sm_bandwidth_Bps, spec.l2_bandwidth_Bps * e.l2, p)
         l2 = work.l2_bytes / bw
     if last:
-        stream = reads if norm else dram
-        compute += last * (compute / (compute + stream) if compute + stream > 0 else 1.0)
+        compute += last * tail_share(compute, reads if norm else dram)
     # combine_core without NumPy (this path's reason to be)
     if norm:
         core = max((compute ** norm + reads ** norm) ** (1.0 / norm), dram)
@@ -614,9 +613,11 @@ def tail_share(compute, stream):
     to its math: all of it where the math binds, its math's share where the read stream is as
     long (a DRAM-bound grid's lone CTA streams faster, not slower: CTA traces give the
     weight-streaming 64 x 49152 x 12288 a lone share of 1.07)."""
+    if np.ndim(compute) == 0 and np.ndim(stream) == 0:     # the search's scalar calls
+        c, r = float(compute), float(stream)
+        return c / (c + r) if c + r > 0 else 1.0
     c, r = np.asarray(compute, dtype=float), np.asarray(stream, dtype=float)
-    out = np.where(c + r > 0, c / np.maximum(c + r, 1e-30), 1.0)
-    return float(out) if np.ndim(out) == 0 else out
+    return np.where(c + r > 0, c / np.maximum(c + r, 1e-30), 1.0)
 
 
 def _tail_s(work: KernelWork, spec: HwSpec, s, tile_s):

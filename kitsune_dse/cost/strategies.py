@@ -13,7 +13,7 @@ from kitsune_dse.cost.estimate import Estimate
 from kitsune_dse.cost.memo import table
 from kitsune_dse.cost.region import (Region, is_fusible_reduction_owner, kernel_variants,
                                      kernel_works, view_base)
-from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, combine_core, kernel_time
+from kitsune_dse.cost.roofline import KernelWork, busiest_sm_tiles, combine_core, kernel_time, tail_share
 from kitsune_dse.graph.ir import DepPattern, OpClass
 from kitsune_dse.graph.transform import BIAS_SUFFIX, unfused_bias
 from kitsune_dse.hw.spec import HwSpec
@@ -264,9 +264,7 @@ def _fluid(w: KernelWork, spec: HwSpec, S: int) -> float:
     compute = (p["compute_s"] - p["tail_s"]) * spread  # (no last round: no tail)
     f = (max(combine_core(w, spec, compute, p["dram_s"], p["read_s"]), p["l2_s"])
          + p["ramp_s"] + p["epilogue_s"] * spread)
-    c, r = p["compute_s"], (p["read_s"] or p["dram_s"])
-    share = c / (c + r) if c + r > 0 else 1.0
-    return t - (t - f) * share
+    return t - (t - f) * tail_share(p["compute_s"], p["read_s"] or p["dram_s"])
 
 
 def _tile_s(w: KernelWork, t: float, S: int) -> float:
