@@ -256,14 +256,21 @@ def test_pipeline_source_structure():
     assert planted.count("+ 1u, ctrl") == 1
     assert "atomicMax" not in src and lay.trace_off == 0
     traced = layout_pipeline(reg, region, trace=True)
-    # one u64 per (step, row-block) after the worker timers, inside the control block
+    # four u64 per (step, row-block) after the worker timers, inside the control block: the
+    # items' last end, first start, last start and first end
+    from kitsune_dse.validate.lower import TRACE_ARRAYS
+    assert TRACE_ARRAYS == 4
     assert traced.trace_off >= lay.ctrl_words and traced.trace_off % 2 == 0
     # then two u64 per worker: its clock64 at start and end (its SM clock over its span)
-    assert traced.clock_off == traced.trace_off + 2 * len(traced.steps) * traced.nrb
+    assert traced.clock_off == traced.trace_off + 2 * 4 * len(traced.steps) * traced.nrb
     assert traced.ctrl_words == traced.clock_off + traced.grid * traced.teams * 4
     tsrc = codegen.pipeline_source(traced, codegen.BufTable())
-    assert tsrc.count("atomicMax(") == len(traced.steps)
+    assert tsrc.count("atomicMax(") == 4 * len(traced.steps)
+    n = len(traced.steps) * traced.nrb
     assert f"+ {traced.trace_off}) + 1 * {traced.nrb} + rb" in tsrc
+    # the minima complemented, at the arrays' offsets
+    assert f"atomicMax(tr + 1 * {n}, ~t)" in tsrc and f"atomicMax(tr + 2 * {n}, t)" in tsrc
+    assert f"atomicMax(tr + 3 * {n}, ~t)" in tsrc and "atomicMax(tr, t)" in tsrc
     assert tsrc.count("clock64()") == 2 and f"ctrl + {traced.clock_off})" in tsrc
     # the untraced kernel (what is timed) carries none of it
     assert lay.clock_off == 0 and "clock64" not in src

@@ -11,7 +11,8 @@ import os
 from dataclasses import dataclass, field
 
 from kitsune_dse.errors import KitsuneError
-from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, Group, PipelineLayout, Region, Step,
+from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, TRACE_END_MIN, TRACE_START_MAX,
+                                        TRACE_START_MIN, Group, PipelineLayout, Region, Step,
                                         empty_target_per_gen, row_cfg)
 from kitsune_dse.validate.tilesync import CUDA_HELPERS, ew_rows_per_cta
 
@@ -551,6 +552,11 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                 extra, planted[0] = " + 1u", True
             L.append(f"        {{ const u32 gen = rb / {ring.nslots}; if (!team_wait_geq(tm, ctrl + {ring.full_off} + rb % {ring.nslots}, "
                      f"(gen + 1u) * {pitems}u{extra}, ctrl, tmo, KDSE_ERR_FULL, {ring.rid}u, rb, who)) return; }}  // {t!r} row-block in")
+        if layout.trace_off:   # when the worker's items of this row-block could start (waits done)
+            L.append(f"        if (tm.tid == 0) {{ const unsigned long long t = globaltimer(); "
+                     f"unsigned long long* tr = reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) + {st.sid} * {layout.nrb} + rb; "
+                     f"atomicMax(tr + {TRACE_START_MIN} * {len(layout.steps) * layout.nrb}, ~t); "
+                     f"atomicMax(tr + {TRACE_START_MAX} * {len(layout.steps) * layout.nrb}, t); }}")
         L.append(f"        F_{g.name}<{cgmask}> f;")
         L += ["        " + s for s in functor_setup(g, "f", ptr, ld)]
         if g.kind == "gemm":
@@ -644,9 +650,10 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
             if ring.direct:
                 continue
             L.append(f"        team_arrive(tm, ctrl + {ring.empty_off} + rb % {ring.nslots});  // done with {t!r}")
-        if layout.trace_off:   # when this row-block's last item of the step ended (diagnostics)
-            L.append(f"        if (tm.tid == 0) atomicMax(reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) "
-                     f"+ {st.sid} * {layout.nrb} + rb, (unsigned long long)globaltimer());")
+        if layout.trace_off:   # when this row-block's last (and first) item of the step ended (diagnostics)
+            L.append(f"        if (tm.tid == 0) {{ const unsigned long long t = globaltimer(); "
+                     f"unsigned long long* tr = reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) + {st.sid} * {layout.nrb} + rb; "
+                     f"atomicMax(tr, t); atomicMax(tr + {TRACE_END_MIN} * {len(layout.steps) * layout.nrb}, ~t); }}")
         L += ["    }", "}"]
         return "\n".join(L)
 

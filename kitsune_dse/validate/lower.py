@@ -602,6 +602,12 @@ class StageL:
     predicted_latency_s: float | None = None
 
 
+# traced pipelines: per (step, row-block), arrays of u64 %globaltimer in this order; the minima
+# are stored complemented (atomicMax of ~t), as the control words start at zero
+TRACE_END_MAX, TRACE_START_MIN, TRACE_START_MAX, TRACE_END_MIN = range(4)
+TRACE_ARRAYS = 4
+
+
 @dataclass
 class PipelineLayout:
     region: Region
@@ -618,7 +624,8 @@ class PipelineLayout:
     plant_deadlock: bool = False
     teams: int = TEAMS                              # 256-thread workers per CTA
     time_off: int = 0                               # per worker: %globaltimer at start and end (2 x u64)
-    trace_off: int = 0                              # per (step, row-block): when its last item ended (u64); 0: off
+    trace_off: int = 0                              # per (step, row-block): TRACE_ARRAYS u64 times (its items' first start
+                                                    # and last end, ...); 0: off
     clock_off: int = 0                              # traced: per worker, clock64 at start and end (2 x u64); 0: off
 
     def ring_of(self, tensor: str) -> Ring | None:
@@ -835,9 +842,9 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
     time_off = (off + 1) // 2 * 2                   # 8-byte aligned
     off = time_off + first * teams * 4
     trace_off = 0
-    if trace:                                       # u64 per (step, row-block), 8-byte aligned
+    if trace:                                       # TRACE_ARRAYS u64 per (step, row-block), 8-byte aligned
         trace_off = (off + 1) // 2 * 2
-        off = trace_off + 2 * len(steps) * nrb
+        off = trace_off + 2 * TRACE_ARRAYS * len(steps) * nrb
     clock_off = 0
     if trace:                                       # 2 x u64 per worker (its SM clock: cycles / ns)
         clock_off = off

@@ -28,8 +28,9 @@ import numpy as np
 
 from kitsune_dse.errors import KitsuneError
 from kitsune_dse.validate import codegen
-from kitsune_dse.validate.lower import (Group, PipelineLayout, Region, bsp_groups, cublas_plan,
-                                        fusion_groups, layout_pipeline)
+from kitsune_dse.validate.lower import (TRACE_ARRAYS, TRACE_END_MAX, TRACE_END_MIN, TRACE_START_MAX,
+                                        TRACE_START_MIN, Group, PipelineLayout, Region, bsp_groups,
+                                        cublas_plan, fusion_groups, layout_pipeline)
 from kitsune_dse.validate.plan import DeviceInfo
 from kitsune_dse.validate.reference import storage_dtype
 from kitsune_dse.validate.tilesync import SYNC_BUF, plan_sync
@@ -672,10 +673,18 @@ class PipelineVariant(Variant):
             # per stage: when its last worker finished and when its first did (us after the kernel's start)
             self.placement["stage_end_us"] = ends
             self.placement["stage_first_end_us"] = firsts
-            if lay.trace_off:   # per step, per row-block: when its last item ended (us)
-                tr = c[lay.trace_off: lay.trace_off + 2 * len(lay.steps) * lay.nrb].view(np.uint64)
-                tr = tr.reshape(len(lay.steps), lay.nrb).astype(np.int64) - t0
-                self.placement["step_rb_done_us"] = [[round(float(x) / 1e3, 2) for x in row] for row in tr]
+            if lay.trace_off:   # per step, per row-block: when its items started and ended (us)
+                n = len(lay.steps) * lay.nrb
+                tr = c[lay.trace_off: lay.trace_off + 2 * TRACE_ARRAYS * n].view(np.uint64)
+                tr = tr.reshape(TRACE_ARRAYS, len(lay.steps), lay.nrb)
+
+                def us(a, complemented=False):
+                    a = ~a if complemented else a
+                    return [[round(float(int(x) - t0) / 1e3, 2) for x in row] for row in a]
+                self.placement["step_rb_done_us"] = us(tr[TRACE_END_MAX])
+                self.placement["step_rb_first_done_us"] = us(tr[TRACE_END_MIN], True)
+                self.placement["step_rb_start_us"] = us(tr[TRACE_START_MIN], True)
+                self.placement["step_rb_last_start_us"] = us(tr[TRACE_START_MAX])
                 self.placement["step_stage"] = [st.stage for st in lay.steps]
             if lay.clock_off:   # per stage: its workers' SM cycles over their nanoseconds (MHz)
                 cs = c[lay.clock_off: lay.clock_off + lay.grid * lay.teams * 4].view(np.uint64).reshape(-1, 2)

@@ -1,0 +1,270 @@
+"""Step by step inside one-stage persistent kernels: when each step's items of each row-block
+start (their waits done) and end. The question (issue 6): dlrm's one-stage chains measured
+fc2 (2048 x 1024 x 1024, 128 items) 3.8 us longer a step than fc3 (2048 x 512 x 1024, 64
+items, the same item shape and K), where the model prices both alike (suite regions of
+explorer-2, -4 and -5). Is an item slower when more SMs load their operands at once, or does
+the step start later?
+
+Cases: dlrm's one-stage plan regions, and one-step GEMM pipelines of dlrm's shapes and their
+neighbours (items 64-256 on 64-132 SMs, calibrate_device.pipe_region). Each case is timed cold
+as the calibration times it (CUDA events behind the L2 flush, the median of --runs), then run
+traced (lower.layout_pipeline(trace=True): per step and row-block the first and last start,
+the first and last end) --trace-runs times cold; the medians over the traced runs are kept.
+
+    here:    python bench/step_trace_probe.py --precompile
+    device:  python3 bench/step_trace_probe.py --out $OUT [--runs 30] [--trace-runs 5]
+    here:    python bench/step_trace_probe.py --report DIR      # with the model's step times
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
+if (ROOT / "bench/.cubin_cache").is_dir():
+    os.environ.setdefault("KDSE_CUBIN_CACHE", str(ROOT / "bench/.cubin_cache"))
+
+PLAN_REGIONS = [("dlrm-top-mlp/plans/explorer-5.json", 0), ("dlrm-top-mlp/plans/explorer-2.json", 0),
+                ("dlrm-top-mlp/plans/explorer-4.json", 0), ("dlrm-top-mlp/plans/explorer-3.json", 1),
+                ("dlrm-top-mlp/plans/hand-p1-132-r128.json", 0)]
+# (M, N, K) @ SMs: dlrm's fc1, fc2, fc3 alone; the same item count at another N; fc2 on half the
+# SMs (two items an SM); twice the items
+ONE_STEP = [((2048, 1024, 512), 132), ((2048, 1024, 1024), 132), ((2048, 512, 1024), 132),
+            ((1024, 1024, 1024), 132), ((2048, 1024, 1024), 64), ((2048, 2048, 1024), 132),
+            ((4096, 1024, 1024), 132), ((2048, 256, 1024), 132)]
+TRACE_KEYS = ("step_rb_start_us", "step_rb_last_start_us", "step_rb_first_done_us", "step_rb_done_us")
+
+
+def cases(info=None):
+    """(label, graph, region dict) of every case."""
+    from calibrate_device import pipe_region
+
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.harness import resolve_model_ref
+    from kitsune_dse.validate.plan import load_plan
+    out = []
+    for rel, ri in PLAN_REGIONS:
+        plan = load_plan(ROOT / "bench/suite" / rel)
+        g = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
+        out.append((f"{Path(rel).stem} r{ri}", g, plan["regions"][ri]))
+    for dims, sms in ONE_STEP:
+        g, region = pipe_region("matmul", dims, sms)
+        out.append((f"gemm {'x'.join(map(str, dims))}@{sms}", g, region))
+    return out
+
+
+def variants(info, g, region):
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.runtime import PipelineVariant, Tensors
+    reg = Region(g, region)
+    t = Tensors(reg)
+    return (PipelineVariant("plan", reg, t, info, region, 1.0),
+            PipelineVariant("traced", reg, t, info, region, 1.0, trace=True))
+
+
+def fill_random(v) -> None:
+    """Random inputs like the suite's (`check_variant`): times depend on the data (dlrm e2's
+    region 36.9-37.5 us on uninitialised buffers, 38.0 us on random ones)."""
+    from kitsune_dse.validate.harness import _fill_inputs
+    from kitsune_dse.validate.reference import input_roles
+    _fill_inputs(v.tensors.reg, v.tensors, input_roles(v.tensors.reg))
+
+
+def suite_regions():
+    """(label, graph, region dict) of every distinct pipeline region of the suite's plans."""
+    import glob
+
+    from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.harness import resolve_model_ref
+    from kitsune_dse.validate.plan import load_plan
+    out, seen = [], set()
+    for p in sorted(glob.glob(str(ROOT / "bench/suite/*/plans/*.json"))):
+        plan = load_plan(p)
+        g = None
+        for i, r in enumerate(plan["regions"]):
+            if r["strategy"] != "pipeline":
+                continue
+            key = (Path(p).parts[-3], json.dumps(plan["model"].get("sizes"), sort_keys=True),
+                   json.dumps({k: r[k] for k in ("stages", "queues")}, sort_keys=True))
+            if key in seen:
+                continue
+            seen.add(key)
+            g = g or load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
+            out.append((f"{Path(p).parts[-3]}/{Path(p).stem} r{i}", g, r))
+    return out
+
+
+def plain_in(form: str, info, g, region):
+    """The untraced variant built with KDSE_CURSORS=form (codegen reads it at build time)."""
+    old = os.environ.get("KDSE_CURSORS")
+    os.environ["KDSE_CURSORS"] = form
+    try:
+        v = variants(info, g, region)[0]
+        v.build()
+        return v
+    finally:
+        if old is None:
+            os.environ.pop("KDSE_CURSORS")
+        else:
+            os.environ["KDSE_CURSORS"] = old
+
+
+def run_forms(a) -> None:
+    """Every suite pipeline region timed cold in both cursor forms, alternating, with the
+    kernel's local frame (bytes a thread) in each."""
+    import cupy as cp
+
+    from kitsune_dse.validate.measure import time_runs
+    from tilesync_probe import probe_session, timing_fields, write_rows
+    info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
+    rows = []
+    for label, g, region in suite_regions():
+        row = {**stamp, "case": label}
+        for rep in range(2):
+            for form in FORMS:
+                v = plain_in(form, info, g, region)
+                with stream:
+                    os.environ["KDSE_CURSORS"] = form
+                    v.prepare()
+                    os.environ.pop("KDSE_CURSORS")
+                    fill_random(v)
+                    t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
+                res = v.resources[codegen_kernel()]
+                row[f"{form}_local_bytes"] = res["local_bytes"]
+                row[f"{form}_regs"] = res["num_regs"]
+                row[f"{form}_us_{rep}"] = timing_fields(t)["time_us"]
+                v.tensors.arrays.clear()
+                cp.get_default_memory_pool().free_all_blocks()
+        rows.append(row)
+        print(f"{label:58s} " + " ".join(f"{f} {row[f + '_local_bytes']:4d} B {row[f + '_us_0']:9.2f} {row[f + '_us_1']:9.2f}"
+                                          for f in FORMS), flush=True)
+    write_rows(Path(a.out or ".") / "cursor_forms.csv", rows)
+
+
+FORMS = ("carried", "stateless")
+
+
+def codegen_kernel() -> str:
+    from kitsune_dse.validate.codegen import PIPELINE_KERNEL
+    return PIPELINE_KERNEL
+
+
+def run(a) -> None:
+    import cupy as cp
+    import numpy as np
+
+    from kitsune_dse.validate.measure import time_runs
+    from tilesync_probe import probe_session, timing_fields, traced_cold_runs, write_rows
+    info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
+    rows, full = [], []
+    for label, g, region in cases():
+        pv, tv = variants(info, g, region)
+        with stream:
+            pv.prepare()
+            fill_random(pv)
+            t = time_runs(pv.run, pv.pre, pv.after, stream, a.runs, 3, flush)
+            tv.prepare()
+            recs = traced_cold_runs(tv, stream, flush, a.trace_runs,
+                                    lambda v: [v.placement[k] for k in TRACE_KEYS] + [v.placement["stage_end_us"]])
+        med = np.median(np.asarray([r[:4] for r in recs], dtype=float), axis=0)   # [4, steps, rbs]
+        end = float(np.median([r[4][0] for r in recs]))
+        steps = []
+        for s in range(med.shape[1]):
+            st, lst, fd, dn = med[:, s, :]
+            steps.append({"start": round(float(st.min()), 2), "last_start": round(float(lst.max()), 2),
+                          "first_done": round(float(fd.min()), 2), "done": round(float(dn.max()), 2),
+                          "rb_span_mean": round(float((dn - st).mean()), 2),
+                          "item_first_mean": round(float((fd - lst).mean()), 2)})
+        row = {**stamp, "case": label, **timing_fields(t), "traced_end_us": round(end, 2),
+               "steps": json.dumps(steps)}
+        rows.append(row)
+        full.append({"case": label, **{k: med[i].round(2).tolist() for i, k in enumerate(TRACE_KEYS)}})
+        print(f"{label:34s} {row['time_us']:8.2f} us  traced end {end:7.2f}", flush=True)
+        for s, x in enumerate(steps):
+            print(f"    step {s}: start {x['start']:7.2f}..{x['last_start']:7.2f}  done {x['first_done']:7.2f}.."
+                  f"{x['done']:7.2f}  rb span {x['rb_span_mean']:6.2f}", flush=True)
+        pv.tensors.arrays.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+    write_rows(Path(a.out or ".") / "step_trace.csv", rows)
+    (Path(a.out or ".") / "step_trace_rb.json").write_text(json.dumps(full))
+
+
+def report(d: Path) -> None:
+    import csv
+
+    import numpy as np
+
+    from kitsune_dse.cost.pipeline import _derive_stage_works, pipeline, plan_stages
+    from kitsune_dse.cost.region import Region as CRegion
+    from kitsune_dse.cost.roofline import busiest_sm_tiles, kernel_time, lone_share
+    from kitsune_dse.cost.stage_sim import step_wait_s
+    from kitsune_dse.hw.spec import load_spec
+    from kitsune_dse.report.plan import choice_from_region
+    spec = load_spec(ROOT / "hw_specs/h100-sxm.calibrated.yaml")
+    meas = {r["case"]: r for r in csv.DictReader(open(d / "step_trace.csv"))}
+    for label, g, rd in cases():
+        if label not in meas:
+            continue
+        m = meas[label]
+        region = CRegion.of(g, [o for s in rd["stages"] for o in s["ops"]])
+        choice = choice_from_region(rd)
+        est = pipeline(region, spec, choice)
+        sp = plan_stages(region, spec, choice)
+        core = _derive_stage_works(region, spec, sp)
+        works, shape = core.works[0], core.shapes[0]
+        print(f"{label:34s} measured {float(m['time_us']):8.2f} us, model {est.latency_s * 1e6:8.2f} us "
+              f"(traced end {float(m['traced_end_us']):7.2f}, model stage {est.breakdown['stage_end_s'][0] * 1e6:7.2f})")
+        steps = json.loads(m["steps"])
+        for s, x in enumerate(steps):
+            line = (f"    step {s}: start {x['start']:7.2f}..{x['last_start']:7.2f}  done {x['first_done']:7.2f}.."
+                    f"{x['done']:7.2f}  rb span {x['rb_span_mean']:6.2f}")
+            if shape is not None and s < len(works):
+                w, n = works[s], shape.items[s]
+                rb = w.scaled(shape.slabs / shape.rb_per_unit, tiles=n)
+                a = lone_share(rb, spec)
+                grid = np.array([float(rd["stages"][0]["sms"])])
+                tau = float(2 * kernel_time(rb, spec, grid)[0] / busiest_sm_tiles(rb, grid, a)[0])
+                line += f"  | model item {tau / (2 * a) * 1e6:6.2f} lone, {tau * 1e6:6.2f} paired, wait {step_wait_s(w, spec) * 1e6:5.2f}"
+            print(line)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default="")
+    ap.add_argument("--runs", type=int, default=30)
+    ap.add_argument("--trace-runs", type=int, default=5)
+    ap.add_argument("--precompile", action="store_true")
+    ap.add_argument("--report", default="")
+    ap.add_argument("--forms", action="store_true",
+                    help="time every suite pipeline region in both cursor forms (KDSE_CURSORS)")
+    a = ap.parse_args()
+    if a.report:
+        report(Path(a.report))
+        return
+    if a.precompile:
+        from precompile import compile_one
+
+        from kitsune_dse.validate.plan import DeviceInfo
+        info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+        cache = ROOT / "bench/.cubin_cache"
+        cache.mkdir(parents=True, exist_ok=True)
+        if a.forms:
+            for label, g, region in suite_regions():
+                for form in FORMS:
+                    print(label, form, compile_one(plain_in(form, info, g, region).source, info.arch,
+                                                   cache).splitlines()[0], flush=True)
+            return
+        for _, g, region in cases():
+            for v in variants(info, g, region):
+                print(compile_one(v.build(), info.arch, cache).splitlines()[0], flush=True)
+        return
+    run_forms(a) if a.forms else run(a)
+
+
+if __name__ == "__main__":
+    main()
