@@ -67,12 +67,17 @@ def variants(info, g, region):
             PipelineVariant("traced", reg, t, info, region, 1.0, trace=True))
 
 
-def fill_random(v) -> None:
-    """Random inputs like the suite's (`check_variant`): times depend on the data (dlrm e2's
-    region 36.9-37.5 us on uninitialised buffers, 38.0 us on random ones)."""
+def fill_random(v, fill: str = "random") -> None:
+    """Random inputs like the suite's (`check_variant`), or zeros: times depend on the data
+    (dlrm explorer-2's region 36.9-37.5 us on uninitialised buffers, 38.0 us on random ones)."""
     from kitsune_dse.validate.harness import _fill_inputs
     from kitsune_dse.validate.reference import input_roles
-    _fill_inputs(v.tensors.reg, v.tensors, input_roles(v.tensors.reg))
+    reg = v.tensors.reg
+    if fill == "zeros":
+        for t in reg.inputs:
+            v.tensors.get(t).fill(0)
+    else:
+        _fill_inputs(reg, v.tensors, input_roles(reg))
 
 
 def suite_regions():
@@ -148,6 +153,89 @@ def run_forms(a) -> None:
 
 FORMS = ("carried", "stateless")
 
+# one thread writes %globaltimer into p[i]: kernels on the same stream before and after a pipeline
+STAMP_SRC = r"""extern "C" __global__ void kdse_stamp(unsigned long long* p, int i) {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (threadIdx.x == 0) p[i] = t;
+}
+"""
+
+
+def gap_cases():
+    """cases() and then every other suite pipeline region (labels made unique)."""
+    seen, out = set(), []
+    for label, g, region in cases():
+        seen.add(label)
+        out.append((label, g, region))
+    for label, g, region in suite_regions():
+        short = label.split("/", 1)[1] if label.startswith("dlrm-top-mlp/") else label
+        if short not in seen:
+            out.append((label, g, region))
+    return out
+
+
+def run_gaps(a) -> None:
+    """Where a pipeline's time outside its workers' span goes: a stamp kernel before and after
+    the (untraced) pipeline on the same stream, behind the L2 flush, random inputs. Per cold
+    run: the events' time, the workers' span (first start to last end, %globaltimer), the gap
+    from the stamp before to the first worker's start and from the last worker's end to the
+    stamp after; medians over --runs. A stamp-stamp pair with nothing between is the floor."""
+    import cupy as cp
+    import numpy as np
+
+    from kitsune_dse.validate.runtime import compile_module
+    from tilesync_probe import probe_session, write_rows
+    info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
+    fn = compile_module(STAMP_SRC, info.arch).get_function("kdse_stamp")
+    buf = cp.zeros(2, dtype=cp.uint64)
+
+    def stamped(v):
+        vals = []
+        for k in range(a.runs + 3):
+            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+            with stream:   # pre() works on the current stream: the probe's, as the pipeline's
+                if v is not None:
+                    v.pre(True)
+                flush(stream)
+                fn((1,), (32,), (buf, np.int32(0)))
+                e0.record(stream)
+                if v is not None:
+                    v.run(stream)
+                e1.record(stream)
+                fn((1,), (32,), (buf, np.int32(1)))
+            stream.synchronize()
+            if v is None:
+                b = buf.get()
+                row = (cp.cuda.get_elapsed_time(e0, e1) * 1e3, 0.0, float(int(b[1]) - int(b[0])) / 1e3, 0.0)
+            else:
+                v.after()
+                b, pl = buf.get(), v.placement
+                row = (cp.cuda.get_elapsed_time(e0, e1) * 1e3,
+                       (pl["kernel_end_ns"] - pl["kernel_begin_ns"]) / 1e3,
+                       (pl["kernel_begin_ns"] - int(b[0])) / 1e3, (int(b[1]) - pl["kernel_end_ns"]) / 1e3)
+            if k >= 3:
+                vals.append(row)
+        return np.median(np.asarray(vals), axis=0)
+
+    rows = []
+    ev, _, floor, _ = stamped(None)
+    rows.append({**stamp, "case": "nothing", "event_us": round(ev, 2), "span_us": 0.0,
+                 "before_us": round(floor, 2), "after_us": 0.0})
+    print(f"{'nothing':58s} events {ev:8.2f}  stamp to stamp {floor:6.2f}", flush=True)
+    for label, g, region in gap_cases():
+        pv = variants(info, g, region)[0]
+        with stream:
+            pv.prepare()
+            fill_random(pv)
+        ev, span, before, after = stamped(pv)
+        rows.append({**stamp, "case": label, "event_us": round(ev, 2), "span_us": round(span, 2),
+                     "before_us": round(before, 2), "after_us": round(after, 2)})
+        print(f"{label:58s} events {ev:8.2f}  span {span:8.2f}  before {before:6.2f}  after {after:6.2f}", flush=True)
+        pv.tensors.arrays.clear()
+        cp.get_default_memory_pool().free_all_blocks()
+    write_rows(Path(a.out or ".") / "gaps.csv", rows)
+
 
 def codegen_kernel() -> str:
     from kitsune_dse.validate.codegen import PIPELINE_KERNEL
@@ -162,32 +250,36 @@ def run(a) -> None:
     from tilesync_probe import probe_session, timing_fields, traced_cold_runs, write_rows
     info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
     rows, full = [], []
+    conditions = [(f, bool(int(p))) for f in a.fills.split(",") for p in a.poisons.split(",")]
     for label, g, region in cases():
+        if a.only and not any(x in label for x in a.only.split(",")):
+            continue
         pv, tv = variants(info, g, region)
-        with stream:
-            pv.prepare()
-            fill_random(pv)
-            t = time_runs(pv.run, pv.pre, pv.after, stream, a.runs, 3, flush)
-            tv.prepare()
-            recs = traced_cold_runs(tv, stream, flush, a.trace_runs,
-                                    lambda v: [v.placement[k] for k in TRACE_KEYS] + [v.placement["stage_end_us"]])
-        med = np.median(np.asarray([r[:4] for r in recs], dtype=float), axis=0)   # [4, steps, rbs]
-        end = float(np.median([r[4][0] for r in recs]))
-        steps = []
-        for s in range(med.shape[1]):
-            st, lst, fd, dn = med[:, s, :]
-            steps.append({"start": round(float(st.min()), 2), "last_start": round(float(lst.max()), 2),
-                          "first_done": round(float(fd.min()), 2), "done": round(float(dn.max()), 2),
-                          "rb_span_mean": round(float((dn - st).mean()), 2),
-                          "item_first_mean": round(float((fd - lst).mean()), 2)})
-        row = {**stamp, "case": label, **timing_fields(t), "traced_end_us": round(end, 2),
-               "steps": json.dumps(steps)}
-        rows.append(row)
-        full.append({"case": label, **{k: med[i].round(2).tolist() for i, k in enumerate(TRACE_KEYS)}})
-        print(f"{label:34s} {row['time_us']:8.2f} us  traced end {end:7.2f}", flush=True)
-        for s, x in enumerate(steps):
-            print(f"    step {s}: start {x['start']:7.2f}..{x['last_start']:7.2f}  done {x['first_done']:7.2f}.."
-                  f"{x['done']:7.2f}  rb span {x['rb_span_mean']:6.2f}", flush=True)
+        for fill, poison in conditions:
+            with stream:
+                pv.prepare()
+                fill_random(pv, fill)
+                t = time_runs(pv.run, pv.pre, pv.after, stream, a.runs, 3, flush, poison_every=poison)
+                tv.prepare()
+                recs = traced_cold_runs(tv, stream, flush, a.trace_runs,
+                                        lambda v: [v.placement[k] for k in TRACE_KEYS] + [v.placement["stage_end_us"]],
+                                        poison=poison)
+            med = np.median(np.asarray([r[:4] for r in recs], dtype=float), axis=0)   # [4, steps, rbs]
+            end = float(np.median([r[4][0] for r in recs]))
+            steps = []
+            for s in range(med.shape[1]):
+                st, lst, fd, dn = med[:, s, :]
+                steps.append({"start": round(float(st.min()), 2), "last_start": round(float(lst.max()), 2),
+                              "first_done": round(float(fd.min()), 2), "done": round(float(dn.max()), 2),
+                              "rb_span_mean": round(float((dn - st).mean()), 2),
+                              "item_first_mean": round(float((fd - lst).mean()), 2)})
+            row = {**stamp, "case": label, "fill": fill, "poison": int(poison), **timing_fields(t),
+                   "traced_end_us": round(end, 2), "steps": json.dumps(steps)}
+            rows.append(row)
+            full.append({"case": label, "fill": fill, "poison": int(poison),
+                         **{k: med[i].round(2).tolist() for i, k in enumerate(TRACE_KEYS)}})
+            print(f"{label:34s} {fill:6s} poison {int(poison)} {row['time_us']:8.2f} us  traced end {end:7.2f}  "
+                  + " ".join(f"{x['done']:7.2f}" for x in steps), flush=True)
         pv.tensors.arrays.clear()
         cp.get_default_memory_pool().free_all_blocks()
     write_rows(Path(a.out or ".") / "step_trace.csv", rows)
@@ -206,7 +298,9 @@ def report(d: Path) -> None:
     from kitsune_dse.hw.spec import load_spec
     from kitsune_dse.report.plan import choice_from_region
     spec = load_spec(ROOT / "hw_specs/h100-sxm.calibrated.yaml")
-    meas = {r["case"]: r for r in csv.DictReader(open(d / "step_trace.csv"))}
+    # the suite's condition (random inputs, poisoned outputs) where a file holds several
+    meas = {r["case"]: r for r in csv.DictReader(open(d / "step_trace.csv"))
+            if r.get("fill", "random") == "random" and r.get("poison", "1") == "1"}
     for label, g, rd in cases():
         if label not in meas:
             continue
@@ -231,6 +325,68 @@ def report(d: Path) -> None:
                 tau = float(2 * kernel_time(rb, spec, grid)[0] / busiest_sm_tiles(rb, grid, a)[0])
                 line += f"  | model item {tau / (2 * a) * 1e6:6.2f} lone, {tau * 1e6:6.2f} paired, wait {step_wait_s(w, spec) * 1e6:5.2f}"
             print(line)
+    if (d / "gaps.csv").exists():
+        gaps(d / "gaps.csv", spec)
+    if (d / "spills.csv").exists() and (d / "gaps.csv").exists():
+        sp = {(r["case"], r["variant"]): r for r in csv.DictReader(open(d / "spills.csv"))}
+        outside = float(np.median([float(r["event_us"]) - float(r["span_us"])
+                                   for r in csv.DictReader(open(d / "gaps.csv")) if r["case"] != "nothing"]))
+        print("\nplain against traced (random inputs): spill loads (B) and the plain kernel's time over "
+              "the traced one's end plus the time outside the span")
+        for label, m in meas.items():
+            p, t = sp.get((label, "plan")), sp.get((label, "traced"))
+            if p and t:
+                extra = float(m["time_us"]) - float(m["traced_end_us"]) - outside
+                print(f"    {label:34s} spill loads {p['spill_load_bytes']:>4} plain, {t['spill_load_bytes']:>4} traced; "
+                      f"plain slower by {extra:+6.2f} us")
+
+
+def spills(d: Path) -> None:
+    """Here (nvcc): every gap case's kernel compiled for its resource usage (the plain variant,
+    and the traced one of cases()): ptxas's stack frame and spill bytes, into d/spills.csv."""
+    import concurrent.futures as cf
+    import re
+    import tempfile
+
+    from precompile import compile_one
+
+    from kitsune_dse.validate.plan import DeviceInfo
+    from tilesync_probe import write_rows
+    info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
+    traced = {label for label, _, _ in cases()}
+    jobs = []
+    for label, g, region in gap_cases():
+        for v in variants(info, g, region)[:2 if label in traced else 1]:
+            jobs.append((label, v.name, v.build()))
+
+    def one(job):
+        with tempfile.TemporaryDirectory() as td:
+            msg = compile_one(job[2], info.arch, Path(td))
+        m = re.search(r"(\d+) registers(?: \[(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads\])?", msg)
+        if not m:
+            raise RuntimeError(f"{job[0]} {job[1]}: {msg}")
+        regs, frame, st, ld = (int(x or 0) for x in m.groups())
+        return {"case": job[0], "variant": job[1], "registers": regs, "stack_frame_bytes": frame,
+                "spill_store_bytes": st, "spill_load_bytes": ld}
+    with cf.ThreadPoolExecutor(os.cpu_count() or 2) as ex:
+        rows = list(ex.map(one, jobs))
+    d.mkdir(parents=True, exist_ok=True)
+    write_rows(d / "spills.csv", rows)
+    print(f"{len(rows)} kernels -> {d / 'spills.csv'}")
+
+
+def gaps(path: Path, spec) -> None:
+    """The time outside the workers' span (events minus span) over the cases of gaps.csv."""
+    import csv
+
+    import numpy as np
+    rows = [r for r in csv.DictReader(open(path)) if r["case"] != "nothing"]
+    out = np.array([float(r["event_us"]) - float(r["span_us"]) for r in rows])
+    before = np.array([float(r["before_us"]) for r in rows])
+    after = np.array([float(r["after_us"]) for r in rows])
+    print(f"\n{len(rows)} persistent kernels: events - span {np.median(out):.2f} us median "
+          f"({out.min():.2f}..{out.max():.2f}); stamp gaps before {np.median(before):.2f}, after "
+          f"{np.median(after):.2f} us; model persistent_launch_s {spec.persistent_launch_s * 1e6:.2f} us")
 
 
 def main() -> None:
@@ -242,9 +398,18 @@ def main() -> None:
     ap.add_argument("--report", default="")
     ap.add_argument("--forms", action="store_true",
                     help="time every suite pipeline region in both cursor forms (KDSE_CURSORS)")
+    ap.add_argument("--fills", default="random", help="input data of the traced cases: random,zeros")
+    ap.add_argument("--poisons", default="1", help="poison the outputs before each run: 1,0")
+    ap.add_argument("--only", default="", help="cases whose label contains one of these (comma-separated)")
+    ap.add_argument("--spills", default="", help="here: compile the gap cases, write DIR/spills.csv")
+    ap.add_argument("--gaps", action="store_true",
+                    help="launch and exit outside the workers' span (stamp kernels around each region)")
     a = ap.parse_args()
     if a.report:
         report(Path(a.report))
+        return
+    if a.spills:
+        spills(Path(a.spills))
         return
     if a.precompile:
         from precompile import compile_one
@@ -253,6 +418,11 @@ def main() -> None:
         info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
         cache = ROOT / "bench/.cubin_cache"
         cache.mkdir(parents=True, exist_ok=True)
+        if a.gaps:
+            print(compile_one(STAMP_SRC, info.arch, cache).splitlines()[0])
+            for label, g, region in gap_cases():
+                print(label, compile_one(variants(info, g, region)[0].build(), info.arch, cache).splitlines()[0], flush=True)
+            return
         if a.forms:
             for label, g, region in suite_regions():
                 for form in FORMS:
@@ -263,7 +433,7 @@ def main() -> None:
             for v in variants(info, g, region):
                 print(compile_one(v.build(), info.arch, cache).splitlines()[0], flush=True)
         return
-    run_forms(a) if a.forms else run(a)
+    run_gaps(a) if a.gaps else run_forms(a) if a.forms else run(a)
 
 
 if __name__ == "__main__":

@@ -192,12 +192,12 @@ def probe_session(out: str, script: str):
     return info, cp.cuda.Stream(non_blocking=True), L2Flusher(), stamp
 
 
-def traced_cold_runs(v, stream, flush, runs: int, read) -> list:
-    """read(v) after each of `runs` cold runs (behind the flush, poisoned outputs) of a traced
-    variant, after one more that warms its module."""
+def traced_cold_runs(v, stream, flush, runs: int, read, poison: bool = True) -> list:
+    """read(v) after each of `runs` cold runs (behind the flush, outputs poisoned unless not
+    `poison`) of a traced variant, after one more that warms its module."""
     out = []
     for i in range(runs + 1):
-        v.pre(True)
+        v.pre(poison)
         flush(stream)
         v.run(stream)
         stream.synchronize()

@@ -673,6 +673,10 @@ class PipelineVariant(Variant):
             # per stage: when its last worker finished and when its first did (us after the kernel's start)
             self.placement["stage_end_us"] = ends
             self.placement["stage_first_end_us"] = firsts
+            # %globaltimer of the first worker's start and the last worker's end (ns): against
+            # stamps taken by kernels before and after, the launch and exit outside the span
+            self.placement["kernel_begin_ns"] = t0
+            self.placement["kernel_end_ns"] = int(ts[:, 1].max())
             if lay.trace_off:   # per step, per row-block: when its items started and ended (us)
                 n = len(lay.steps) * lay.nrb
                 tr = c[lay.trace_off: lay.trace_off + 2 * TRACE_ARRAYS * n].view(np.uint64)
