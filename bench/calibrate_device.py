@@ -361,7 +361,7 @@ def measure_pipes(runs: int, log) -> tuple[list, list, list]:
     import cupy as cp
 
     from kitsune_dse.validate.harness import check_variant
-    from kitsune_dse.validate.measure import L2Flusher, time_runs
+    from kitsune_dse.validate.measure import L2Flusher, outside_span_s, time_runs
     from kitsune_dse.validate.reference import input_roles
     from kitsune_dse.validate.runtime import gpu_info
     info, _ = gpu_info()
@@ -383,6 +383,8 @@ def measure_pipes(runs: int, log) -> tuple[list, list, list]:
                            rel_err=chk["rel_err"], flops=g.total_flops, bytes=nbytes,
                            placement=v.placement, flop_per_s=g.total_flops / t.median_s,
                            bytes_per_s=nbytes / t.median_s)
+                # the launch and exit outside the workers' span (persistent_launch_outside_s)
+                row["outside_s"] = outside_span_s(v, stream, runs, flush if fl else None)
                 if chk["correct"] and label == "sweep":
                     if kind == "matmul":
                         gemm.append((s, g.total_flops / t.median_s))
@@ -579,7 +581,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
     from kitsune_dse.calibrate.fit import (calibrated_spec, check_finite, fit_persistent_gemm,
                                            fit_persistent_rows, fit_saturating, fit_standalone_gemm,
                                            fit_step_handoff, fit_tile_handoff, fit_tilesync_chains,
-                                           merge_raw)
+                                           merge_raw, persistent_outside_s)
     from kitsune_dse.hw import load_spec
     from kitsune_dse.hw.spec import spec_from_dict
     raws = [json.loads(p.read_text()) for p in raw_paths]
@@ -594,6 +596,9 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
         # moved the same ~2 us into the persistent GEMM fit's per-stage A fill, 3.9 -> 6.0 us,
         # and the suite's e2e 2.6 -> 3.0%: session 26)
         raw_harness["persistent_launch_s"] = fixed[len(fixed) // 2]
+    outside = persistent_outside_s(raw)   # calibrate.fit
+    if outside is not None:
+        raw_harness["persistent_launch_outside_s"] = outside
     # harness: tensor_core from its tile GEMM, HBM curve from its own persistent stage
     harness, res = calibrated_spec(spec, raw_harness, stage_bandwidth=True)
     raw_cublas = {k: v for k, v in raw.items() if k != "tile_gemm_fp16"}

@@ -82,7 +82,7 @@ def main() -> None:
                 m = float(n["measured_dram_read_bytes"]) + float(n["measured_dram_write_bytes"])
                 dram_err.append((f"{name}/whole {v}", e.dram_bytes_in_run, m))
         plans = [x for x in alts if x[0].startswith(("explorer", "hand"))]
-        sp.append(spearman([x[1] for x in plans], [x[2] for x in plans]))
+        sp.append((name, spearman([x[1] for x in plans], [x[2] for x in plans])))
         for stem, pr, m in alts:
             lat_err.append((name, stem, pr, m))
             if a.v:
@@ -92,8 +92,11 @@ def main() -> None:
     if a.v:
         for k, p, m in dram_err:
             print(f"DRAM {k:45s} pred {p / 1e6:9.1f} MB meas {m / 1e6:9.1f} MB {100 * (p - m) / m:+6.1f}%")
-    print(f"e2e MAPE {mape:.1f}% over {len(lat_err)}; DRAM MAPE {dmape:.1f}% over {len(dram_err)}; "
-          f"Spearman (plans) per workload {' '.join(f'{x:.2f}' for x in sp)} mean {sum(sp) / len(sp):.2f}")
+    worst = max(lat_err, key=lambda x: abs(x[2] - x[3]) / x[3])
+    print(f"e2e MAPE {mape:.1f}% over {len(lat_err)} (worst {worst[0]}/{worst[1]} "
+          f"{100 * (worst[2] - worst[3]) / worst[3]:+.1f}%); DRAM MAPE {dmape:.1f}% over {len(dram_err)}")
+    print("Spearman (plans) per workload: " + ", ".join(f"{n} {x:.2f}" for n, x in sp)
+          + f"; mean {sum(x for _, x in sp) / len(sp):.2f}")
 
 
 if __name__ == "__main__":

@@ -367,3 +367,18 @@ def test_the_committed_harness_spec_carries_the_standalone_norm_fit():
     assert fit["points"] == 3 and fit["rms_rel_error"] < 0.1
     assert sp.standalone_norm_stream_share == pytest.approx(fit["standalone_norm_stream_share"])
     assert sp.standalone_norm_stream_share < 1.0
+
+
+def test_the_persistent_launch_splits_at_the_measured_outside_part():
+    from kitsune_dse.calibrate.fit import persistent_outside_s
+    # the pipe rows' own measurements win; the raw file's probe rows are the fallback
+    raw = {"pipe_rows": [{"outside_s": 3e-6}, {"outside_s": 4e-6}, {"outside_s": 3.2e-6}, {"time_s": 1e-5}],
+           "persistent_outside": {"rows": [{"event_s": 20e-6, "span_s": 10e-6}]}}
+    assert persistent_outside_s(raw) == pytest.approx(3.2e-6, rel=1e-12)
+    del raw["pipe_rows"]
+    assert persistent_outside_s(raw) == pytest.approx(10e-6, rel=1e-12)
+    assert persistent_outside_s({}) is None
+    # the committed harness spec: ~3.2 us of the 6.9 us launch outside, the rest a ramp
+    sp = load_spec("h100-sxm.calibrated")
+    assert 2.5e-6 < sp.persistent_launch_outside_s < 4e-6
+    assert sp.persistent_ramp_s == pytest.approx(sp.persistent_launch_s - sp.persistent_launch_outside_s)

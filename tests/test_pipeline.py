@@ -629,3 +629,21 @@ def test_inner_ring_slots_of_a_narrow_tensor_are_its_stored_columns():
     assert n == min(2048, max(2, min(64, INTRA_RING_BYTES // slot)))
     n, slot = _intra_slots(g, ("fc8", "relu8"), 128, 64, 2048)
     assert slot == 128 * 256 * 2
+
+
+def test_the_launch_ramp_inside_the_span_moves_stage_ends_not_the_latency():
+    # persistent_launch_outside_s splits the kernel's fixed cost: what falls outside the
+    # workers' span, and a ramp inside it before every stage's end (the harness measures stage
+    # ends from the first worker's start). The region's latency does not change.
+    r = Region.of(chain_graph(2048, 4096, ("relu", "gelu")))
+    c = PipelineChoice((("op0",), ("op1",)), (66, 66), 256, (2,))
+    sp = H100.model_copy(update={"persistent_launch_s": 7e-6})
+    split = sp.model_copy(update={"persistent_launch_outside_s": 3e-6})
+    assert sp.persistent_ramp_s == 0.0 and split.persistent_ramp_s == pytest.approx(4e-6, rel=1e-12)
+    # an outside part larger than the whole leaves no ramp (never a negative one)
+    assert sp.model_copy(update={"persistent_launch_outside_s": 9e-6}).persistent_ramp_s == 0.0
+    a, b = pipeline(r, sp, c), pipeline(r, split, c)
+    assert b.latency_s == a.latency_s
+    assert b.breakdown["stage_end_s"] == pytest.approx([x + 4e-6 for x in a.breakdown["stage_end_s"]], rel=1e-12)
+    # the last stage ends one outside part before the region's end (events around the kernel)
+    assert b.breakdown["stage_end_s"][-1] <= b.latency_s - 3e-6 + 1e-15

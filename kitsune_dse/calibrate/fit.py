@@ -40,6 +40,16 @@ def fit_saturating(points) -> dict:
             "max_rel_error": float(np.max(np.abs(rel)))}
 
 
+def persistent_outside_s(raw: dict) -> float | None:
+    """The median over the one-stage persistent microbenchmarks of their time outside the
+    workers' span: the pipe rows' `outside_s` (calibrations since the thirty-first session), or
+    the raw file's `persistent_outside` rows added from bench/step_trace_probe.py --gaps."""
+    xs = [r["outside_s"] for r in raw.get("pipe_rows", []) if r.get("outside_s")]
+    if not xs:
+        xs = [r["event_s"] - r["span_s"] for r in (raw.get("persistent_outside") or {}).get("rows", [])]
+    return float(np.median(xs)) if xs else None
+
+
 def calibrated_spec(base: HwSpec, m: dict, date: str | None = None,
                     stage_bandwidth: bool = False) -> tuple[HwSpec, dict]:
     """A copy of `base` with fitted efficiency parameters and the calibration provenance."""
@@ -81,6 +91,8 @@ def calibrated_spec(base: HwSpec, m: dict, date: str | None = None,
         data["sync_latency_s"] = m["sync_latency_s"]
     if m.get("persistent_launch_s"):
         data["persistent_launch_s"] = m["persistent_launch_s"]
+    if m.get("persistent_launch_outside_s"):
+        data["persistent_launch_outside_s"] = m["persistent_launch_outside_s"]
     l2_res = fit_l2_residency(m["l2_residency"], base.l2_bytes) if m.get("l2_residency") else None
     if l2_res:
         eff["l2_usable_fraction"] = l2_res["l2_usable_fraction"]

@@ -906,7 +906,9 @@ def pipeline(region: Region, spec: HwSpec, choice: PipelineChoice) -> Estimate:
                    "makespan_s": sim.makespan_s,
                    "dram_bound_s": bw_bound, "fill_s": sim.fill_s, "drain_s": sim.drain_s,
                    "period_s": sim.period_s, "bottleneck_stage": sim.bottleneck_stage,
-                   "stall_s": sim.stall_s.tolist(), "stage_end_s": sim.stage_ends_s.tolist(),
+                   "stall_s": sim.stall_s.tolist(),
+                   # after the first worker's start (what the harness measures per stage)
+                   "stage_end_s": (sim.stage_ends_s + spec.persistent_ramp_s).tolist(),
                    "queue_mean_occupancy": sim.mean_occupancy.tolist(),
                    "queue_max_occupancy": sim.max_occupancy.tolist(),
                    "slot_bytes": list(plan.slot_bytes),

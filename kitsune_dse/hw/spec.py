@@ -378,6 +378,12 @@ class HwSpec(_Strict):
                                                 # bytes); None: the priced tile, WAVE_CTAS a wave
     persistent_launch_s: Pos | None = None      # launch + teardown of a one-CTA-per-SM persistent
                                                 # kernel (default: graph_launch_overhead_s)
+    persistent_launch_outside_s: Pos | None = None
+                                                # the part of persistent_launch_s outside the
+                                                # workers' span (the CUDA events' time less the
+                                                # first worker's start to the last one's end);
+                                                # the rest is a ramp inside it, before every
+                                                # stage's end (default: all outside)
     launch_latency_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] | None = None
                                                 # once per launched CUDA graph: from the launch to
                                                 # its first kernel running (calibrated: a chain of
@@ -492,6 +498,14 @@ class HwSpec(_Strict):
     def persistent_launch_cost_s(self) -> float:
         return self.persistent_launch_s if self.persistent_launch_s is not None \
             else self.graph_launch_overhead_s
+
+    @property
+    def persistent_ramp_s(self) -> float:
+        """What of the persistent kernel's fixed cost falls inside its workers' span: a stage's
+        last unit ends this much later after the first worker starts than the queue model says."""
+        if self.persistent_launch_outside_s is None:
+            return 0.0
+        return max(0.0, self.persistent_launch_cost_s - self.persistent_launch_outside_s)
 
     @property
     def l2_usable_bytes(self) -> float:
