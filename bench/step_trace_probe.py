@@ -11,9 +11,17 @@ as the calibration times it (CUDA events behind the L2 flush, the median of --ru
 traced (lower.layout_pipeline(trace=True): per step and row-block the first and last start,
 the first and last end) --trace-runs times cold; the medians over the traced runs are kept.
 
-    here:    python bench/step_trace_probe.py --precompile
+Other modes: --forms times every suite pipeline region in both cursor forms; --gaps stamps a
+1-thread kernel before and after each region's (untraced) kernel to split its time into the
+workers' span and what lies outside it (launch, exit); --spills (here, nvcc) records ptxas's
+stack frame and spill bytes of each kernel. --fills random,zeros and --poisons 1,0 run the
+traced cases under those input data and output poisoning.
+
+    here:    python bench/step_trace_probe.py --precompile [--forms | --gaps]
     device:  python3 bench/step_trace_probe.py --out $OUT [--runs 30] [--trace-runs 5]
-    here:    python bench/step_trace_probe.py --report DIR      # with the model's step times
+             python3 bench/step_trace_probe.py --gaps --out $OUT [--runs 20]
+    here:    python bench/step_trace_probe.py --spills DIR
+             python bench/step_trace_probe.py --report DIR      # with the model's step times
 """
 from __future__ import annotations
 
