@@ -160,6 +160,43 @@ def run_forms(a) -> None:
 
 
 FORMS = ("carried", "stateless")
+TEAM_COUNTS = (2, 1)    # the default (two 256-thread teams an SM, 128 registers) and one team
+
+
+def team_variant(info, g, region, teams: int):
+    from kitsune_dse.validate.lower import Region
+    from kitsune_dse.validate.runtime import PipelineVariant, Tensors
+    reg = Region(g, region)
+    return PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0, teams=teams)
+
+
+def run_teams(a) -> None:
+    """Every gap case's plain kernel with two teams an SM (512 threads, 128 registers: ptxas
+    spills) and with one (256 threads, up to 255 registers), alternating, 2 reps, random inputs."""
+    import cupy as cp
+
+    from kitsune_dse.validate.measure import time_runs
+    from tilesync_probe import probe_session, timing_fields, write_rows
+    info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
+    rows = []
+    for label, g, region in gap_cases():
+        row = {**stamp, "case": label}
+        vs = {n: team_variant(info, g, region, n) for n in TEAM_COUNTS}
+        for rep in range(2):
+            for n, v in vs.items():
+                with stream:
+                    v.prepare()
+                    fill_random(v)
+                    t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
+                res = v.resources[codegen_kernel()]
+                row[f"t{n}_regs"], row[f"t{n}_local_bytes"] = res["num_regs"], res["local_bytes"]
+                row[f"t{n}_us_{rep}"] = timing_fields(t)["time_us"]
+                v.tensors.arrays.clear()
+                cp.get_default_memory_pool().free_all_blocks()
+        rows.append(row)
+        print(f"{label:58s} " + " ".join(f"teams {n}: {row[f't{n}_regs']:3d} regs {row[f't{n}_local_bytes']:4d} B "
+                                          f"{row[f't{n}_us_0']:9.2f} {row[f't{n}_us_1']:9.2f}" for n in TEAM_COUNTS), flush=True)
+    write_rows(Path(a.out or ".") / "teams.csv", rows)
 
 # one thread writes %globaltimer into p[i]: kernels on the same stream before and after a pipeline
 STAMP_SRC = r"""extern "C" __global__ void kdse_stamp(unsigned long long* p, int i) {
@@ -410,6 +447,8 @@ def main() -> None:
     ap.add_argument("--poisons", default="1", help="poison the outputs before each run: 1,0")
     ap.add_argument("--only", default="", help="cases whose label contains one of these (comma-separated)")
     ap.add_argument("--spills", default="", help="here: compile the gap cases, write DIR/spills.csv")
+    ap.add_argument("--teams", action="store_true",
+                    help="every gap case's kernel with two teams an SM and with one (spills against workers)")
     ap.add_argument("--gaps", action="store_true",
                     help="launch and exit outside the workers' span (stamp kernels around each region)")
     a = ap.parse_args()
@@ -426,6 +465,12 @@ def main() -> None:
         info = DeviceInfo(name="NVIDIA H100 80GB HBM3", arch="sm_90", sm_count=132)
         cache = ROOT / "bench/.cubin_cache"
         cache.mkdir(parents=True, exist_ok=True)
+        if a.teams:
+            for label, g, region in gap_cases():
+                for n in TEAM_COUNTS:
+                    print(label, n, compile_one(team_variant(info, g, region, n).build(), info.arch,
+                                                cache).splitlines()[0], flush=True)
+            return
         if a.gaps:
             print(compile_one(STAMP_SRC, info.arch, cache).splitlines()[0])
             for label, g, region in gap_cases():
@@ -441,7 +486,7 @@ def main() -> None:
             for v in variants(info, g, region):
                 print(compile_one(v.build(), info.arch, cache).splitlines()[0], flush=True)
         return
-    run_gaps(a) if a.gaps else run_forms(a) if a.forms else run(a)
+    run_teams(a) if a.teams else run_gaps(a) if a.gaps else run_forms(a) if a.forms else run(a)
 
 
 if __name__ == "__main__":
