@@ -676,3 +676,24 @@ def test_the_models_concat_items_are_the_runtimes():
         for op in ("skip_concat", "dir_concat"):
             _, _, lay = _nerf_stage_layout([op], sizes)
             assert _atom_items(g, (op,), 128, 1) == lay.steps[0].items, (sizes, op)
+
+
+def test_one_team_only_where_the_second_would_idle(monkeypatch):
+    # dlrm's hand plan, its five layers in one stage: 8 items a row-block x 16 row-blocks = 128
+    # <= 132 CTAs, so the second team of every CTA would only idle; gpt3 t2048's stages hold more
+    from kitsune_dse.validate.lower import solo_team_fits
+    root = Path(__file__).resolve().parents[1]
+    reg, region = _region(load_plan(root / "bench/suite/dlrm-top-mlp/plans/hand-p1-132-r128.json"))
+    two = layout_pipeline(reg, region)
+    assert two.teams == 2 and solo_team_fits(two)           # off by default
+    assert max(st.items for st in two.steps) * two.nrb <= two.stages[0].ctas
+    monkeypatch.setenv("KDSE_SOLO_TEAM", "1")
+    one = layout_pipeline(reg, region)
+    assert one.teams == 1 and one.grid == two.grid
+    src = codegen.pipeline_source(one, codegen.BufTable())
+    assert "__launch_bounds__(256, 1)" in src and "team * 132" in src
+    big_reg, big_region = _region(_plan("gpt3-mlp-t2048-tp8"))
+    big = layout_pipeline(big_reg, big_region)
+    assert big.teams == 2 and not solo_team_fits(big)
+    # an explicit team count wins over the rule
+    assert layout_pipeline(reg, region, teams=2).teams == 2

@@ -44,7 +44,8 @@ def persistent_outside_s(raw: dict) -> float | None:
     """The median over the one-stage persistent microbenchmarks of their time outside the
     workers' span: the pipe rows' `outside_s` (calibrations since the thirty-first session), or
     the raw file's `persistent_outside` rows added from bench/step_trace_probe.py --gaps."""
-    xs = [r["outside_s"] for r in raw.get("pipe_rows", []) if r.get("outside_s")]
+    # behind the L2 flush only: a warm run's start event waits on the host's launch
+    xs = [r["outside_s"] for r in raw.get("pipe_rows", []) if r.get("outside_s") and r.get("l2_flushed", True)]
     if not xs:
         xs = [r["event_s"] - r["span_s"] for r in (raw.get("persistent_outside") or {}).get("rows", [])]
     return float(np.median(xs)) if xs else None

@@ -11,6 +11,7 @@ Every value of a chain that is needed outside the group (or is a region output) 
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 from kitsune_dse.errors import KitsuneError
@@ -672,7 +673,29 @@ def _tile_rows(stage_tiles: list[dict], rows: int, notes: list[str]) -> int:
 
 
 def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False,
-                    teams: int = TEAMS, trace: bool = False) -> PipelineLayout:
+                    teams: int | None = None, trace: bool = False) -> PipelineLayout:
+    """The persistent kernel's layout. teams None: TEAMS; with KDSE_SOLO_TEAM=1, one 256-thread
+    team per CTA where no step has more items over all its row-blocks than its stage has CTAs
+    (`solo_team_fits`: the second team would only idle, and with 256 threads a thread may hold
+    255 registers instead of 128, so ptxas spills nothing; bench/step_trace_probe.py --teams:
+    1-10% faster there, up to 43% slower where items outnumber the CTAs). Off by default: the
+    cost model does not price a lone team's gain yet (results/validation/h100/one_team_trial/)."""
+    if teams is not None:
+        return _layout_pipeline(reg, plan_region, plant_deadlock, teams, trace)
+    lay = _layout_pipeline(reg, plan_region, plant_deadlock, TEAMS, trace)
+    if os.environ.get("KDSE_SOLO_TEAM") == "1" and solo_team_fits(lay):
+        return _layout_pipeline(reg, plan_region, plant_deadlock, 1, trace)
+    return lay
+
+
+def solo_team_fits(lay: PipelineLayout) -> bool:
+    """Every step's items over all row-blocks fit its stage's CTAs, none split over K (whose
+    split count follows the workers: cost.pipeline.runtime_ksplit prices two teams)."""
+    return all(st.ksplit == 1 and st.items * lay.nrb <= lay.stages[st.stage].ctas for st in lay.steps)
+
+
+def _layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool, teams: int,
+                     trace: bool) -> PipelineLayout:
     notes: list[str] = []
     stages_p = plan_region["stages"]
     kernels = plan_region.get("kernels") or None

@@ -568,7 +568,7 @@ class PipelineVariant(Variant):
     """The plan's persistent kernel: one CTA per SM, stages on contiguous blockIdx ranges."""
 
     def __init__(self, name, reg, tensors, info, plan_region: dict, timeout_s: float = 1.0,
-                 plant_deadlock: bool = False, teams: int = codegen.TEAMS, trace: bool = False):
+                 plant_deadlock: bool = False, teams: int | None = None, trace: bool = False):
         super().__init__(name, reg, tensors, info)
         self.teams = teams
         self.trace = trace
