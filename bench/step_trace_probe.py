@@ -26,6 +26,7 @@ traced cases under those input data and output poisoning.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -75,7 +76,7 @@ def variants(info, g, region):
             PipelineVariant("traced", reg, t, info, region, 1.0, trace=True))
 
 
-def fill_random(v, fill: str = "random") -> None:
+def fill_inputs(v, fill: str = "random") -> None:
     """Random inputs like the suite's (`check_variant`), or zeros: times depend on the data
     (dlrm explorer-2's region 36.9-37.5 us on uninitialised buffers, 38.0 us on random ones)."""
     from kitsune_dse.validate.harness import _fill_inputs
@@ -112,51 +113,27 @@ def suite_regions():
     return out
 
 
-def plain_in(form: str, info, g, region):
-    """The untraced variant built with KDSE_CURSORS=form (codegen reads it at build time)."""
+@contextlib.contextmanager
+def cursors(form: str | None):
+    """KDSE_CURSORS=form while building (codegen reads it; prepare() builds again); None: as is."""
     old = os.environ.get("KDSE_CURSORS")
-    os.environ["KDSE_CURSORS"] = form
+    if form is not None:
+        os.environ["KDSE_CURSORS"] = form
     try:
-        v = variants(info, g, region)[0]
-        v.build()
-        return v
+        yield
     finally:
         if old is None:
-            os.environ.pop("KDSE_CURSORS")
+            os.environ.pop("KDSE_CURSORS", None)
         else:
             os.environ["KDSE_CURSORS"] = old
 
 
-def run_forms(a) -> None:
-    """Every suite pipeline region timed cold in both cursor forms, alternating, with the
-    kernel's local frame (bytes a thread) in each."""
-    import cupy as cp
-
-    from kitsune_dse.validate.measure import time_runs
-    from tilesync_probe import probe_session, timing_fields, write_rows
-    info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
-    rows = []
-    for label, g, region in suite_regions():
-        row = {**stamp, "case": label}
-        for rep in range(2):
-            for form in FORMS:
-                v = plain_in(form, info, g, region)
-                with stream:
-                    os.environ["KDSE_CURSORS"] = form
-                    v.prepare()
-                    os.environ.pop("KDSE_CURSORS")
-                    fill_random(v)
-                    t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
-                res = v.resources[codegen_kernel()]
-                row[f"{form}_local_bytes"] = res["local_bytes"]
-                row[f"{form}_regs"] = res["num_regs"]
-                row[f"{form}_us_{rep}"] = timing_fields(t)["time_us"]
-                v.tensors.arrays.clear()
-                cp.get_default_memory_pool().free_all_blocks()
-        rows.append(row)
-        print(f"{label:58s} " + " ".join(f"{f} {row[f + '_local_bytes']:4d} B {row[f + '_us_0']:9.2f} {row[f + '_us_1']:9.2f}"
-                                          for f in FORMS), flush=True)
-    write_rows(Path(a.out or ".") / "cursor_forms.csv", rows)
+def plain_in(form: str, info, g, region):
+    """The untraced variant built with KDSE_CURSORS=form."""
+    with cursors(form):
+        v = variants(info, g, region)[0]
+        v.build()
+        return v
 
 
 FORMS = ("carried", "stateless")
@@ -170,33 +147,49 @@ def team_variant(info, g, region, teams: int):
     return PipelineVariant("plan", reg, Tensors(reg), info, region, 1.0, teams=teams)
 
 
-def run_teams(a) -> None:
-    """Every gap case's plain kernel with two teams an SM (512 threads, 128 registers: ptxas
-    spills) and with one (256 threads, up to 255 registers), alternating, 2 reps, random inputs."""
+def time_alternatives(a, cases, alts: dict, csv_name: str) -> None:
+    """Each case's alternatives (prefix -> (make(info, g, region), cursor form or None)) timed
+    cold, alternating, 2 reps, random inputs, with each kernel's registers and local frame:
+    columns PREFIX_regs, PREFIX_local_bytes, PREFIX_us_0, PREFIX_us_1."""
     import cupy as cp
 
     from kitsune_dse.validate.measure import time_runs
     from tilesync_probe import probe_session, timing_fields, write_rows
     info, stream, flush, stamp = probe_session(a.out, "step_trace_probe.py")
     rows = []
-    for label, g, region in gap_cases():
+    for label, g, region in cases:
         row = {**stamp, "case": label}
-        vs = {n: team_variant(info, g, region, n) for n in TEAM_COUNTS}
+        vs = {k: (make(info, g, region), form) for k, (make, form) in alts.items()}
         for rep in range(2):
-            for n, v in vs.items():
+            for k, (v, form) in vs.items():
                 with stream:
-                    v.prepare()
-                    fill_random(v)
+                    with cursors(form):
+                        v.prepare()
+                    fill_inputs(v)
                     t = time_runs(v.run, v.pre, v.after, stream, a.runs, 3, flush)
                 res = v.resources[codegen_kernel()]
-                row[f"t{n}_regs"], row[f"t{n}_local_bytes"] = res["num_regs"], res["local_bytes"]
-                row[f"t{n}_us_{rep}"] = timing_fields(t)["time_us"]
+                row[f"{k}_regs"], row[f"{k}_local_bytes"] = res["num_regs"], res["local_bytes"]
+                row[f"{k}_us_{rep}"] = timing_fields(t)["time_us"]
                 v.tensors.arrays.clear()
                 cp.get_default_memory_pool().free_all_blocks()
         rows.append(row)
-        print(f"{label:58s} " + " ".join(f"teams {n}: {row[f't{n}_regs']:3d} regs {row[f't{n}_local_bytes']:4d} B "
-                                          f"{row[f't{n}_us_0']:9.2f} {row[f't{n}_us_1']:9.2f}" for n in TEAM_COUNTS), flush=True)
-    write_rows(Path(a.out or ".") / "teams.csv", rows)
+        print(f"{label:58s} " + " ".join(f"{k}: {row[f'{k}_regs']:3d} regs {row[f'{k}_local_bytes']:4d} B "
+                                          f"{row[f'{k}_us_0']:9.2f} {row[f'{k}_us_1']:9.2f}" for k in alts), flush=True)
+    write_rows(Path(a.out or ".") / csv_name, rows)
+
+
+def run_forms(a) -> None:
+    """Every suite pipeline region in both cursor forms."""
+    time_alternatives(a, suite_regions(), {f: (lambda i, g, r, f=f: plain_in(f, i, g, r), f) for f in FORMS},
+                      "cursor_forms.csv")
+
+
+def run_teams(a) -> None:
+    """Every gap case's plain kernel with two teams an SM (512 threads, 128 registers: ptxas
+    spills) and with one (256 threads, up to 255 registers)."""
+    time_alternatives(a, gap_cases(), {f"t{n}": (lambda i, g, r, n=n: team_variant(i, g, r, n), None)
+                                       for n in TEAM_COUNTS}, "teams.csv")
+
 
 # one thread writes %globaltimer into p[i]: kernels on the same stream before and after a pipeline
 STAMP_SRC = r"""extern "C" __global__ void kdse_stamp(unsigned long long* p, int i) {
@@ -272,7 +265,7 @@ def run_gaps(a) -> None:
         pv = variants(info, g, region)[0]
         with stream:
             pv.prepare()
-            fill_random(pv)
+            fill_inputs(pv)
         ev, span, before, after = stamped(pv)
         rows.append({**stamp, "case": label, "event_us": round(ev, 2), "span_us": round(span, 2),
                      "before_us": round(before, 2), "after_us": round(after, 2)})
@@ -303,7 +296,7 @@ def run(a) -> None:
         for fill, poison in conditions:
             with stream:
                 pv.prepare()
-                fill_random(pv, fill)
+                fill_inputs(pv, fill)
                 t = time_runs(pv.run, pv.pre, pv.after, stream, a.runs, 3, flush, poison_every=poison)
                 tv.prepare()
                 recs = traced_cold_runs(tv, stream, flush, a.trace_runs,

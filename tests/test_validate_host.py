@@ -697,3 +697,12 @@ def test_one_team_only_where_the_second_would_idle(monkeypatch):
     assert big.teams == 2 and not solo_team_fits(big)
     # an explicit team count wins over the rule
     assert layout_pipeline(reg, region, teams=2).teams == 2
+
+
+def test_the_time_outside_a_persistent_kernels_span():
+    from types import SimpleNamespace
+
+    from kitsune_dse.validate.measure import outside_span_s
+    v = SimpleNamespace(placement={"kernel_begin_ns": 1_000_000, "kernel_end_ns": 1_020_000})
+    assert outside_span_s(v, 23.15e-6) == pytest.approx(3.15e-6, rel=1e-9)     # 23.15 - 20 us
+    assert outside_span_s(SimpleNamespace(placement={}), 1e-5) is None       # no span recorded

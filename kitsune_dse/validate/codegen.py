@@ -11,9 +11,9 @@ import os
 from dataclasses import dataclass, field
 
 from kitsune_dse.errors import KitsuneError
-from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, TRACE_END_MIN, TRACE_START_MAX,
-                                        TRACE_START_MIN, Group, PipelineLayout, Region, Step,
-                                        empty_target_per_gen, row_cfg)
+from kitsune_dse.validate.lower import (ELEM_DTYPES, GEMM_BK, TRACE_END_MAX, TRACE_END_MIN,
+                                        TRACE_START_MAX, TRACE_START_MIN, Group, PipelineLayout,
+                                        Region, Step, empty_target_per_gen, row_cfg)
 from kitsune_dse.validate.tilesync import CUDA_HELPERS, ew_rows_per_cta
 
 GEMM_STAGES = 4
@@ -459,6 +459,16 @@ def _min_expr(names: list[str]) -> str:
     return names[0] if len(names) == 1 else f"min({names[0]}, {_min_expr(names[1:])})"
 
 
+def trace_stamp(layout: PipelineLayout, st: Step, low: int, high: int) -> str:
+    """One team thread's %globaltimer into the (step, row-block)'s trace arrays `low` (a minimum,
+    kept complemented: the words start at zero) and `high` (a maximum)."""
+    def at(k):
+        return "tr" if k == 0 else f"tr + {k} * {len(layout.steps) * layout.nrb}"
+    return (f"        if (tm.tid == 0) {{ const unsigned long long t = globaltimer(); "
+            f"unsigned long long* tr = reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) + {st.sid} * {layout.nrb} + rb; "
+            f"atomicMax({at(high)}, t); atomicMax({at(low)}, ~t); }}")
+
+
 def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
     reg = layout.region
     bm = layout.bm
@@ -553,10 +563,7 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
             L.append(f"        {{ const u32 gen = rb / {ring.nslots}; if (!team_wait_geq(tm, ctrl + {ring.full_off} + rb % {ring.nslots}, "
                      f"(gen + 1u) * {pitems}u{extra}, ctrl, tmo, KDSE_ERR_FULL, {ring.rid}u, rb, who)) return; }}  // {t!r} row-block in")
         if layout.trace_off:   # when the worker's items of this row-block could start (waits done)
-            L.append(f"        if (tm.tid == 0) {{ const unsigned long long t = globaltimer(); "
-                     f"unsigned long long* tr = reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) + {st.sid} * {layout.nrb} + rb; "
-                     f"atomicMax(tr + {TRACE_START_MIN} * {len(layout.steps) * layout.nrb}, ~t); "
-                     f"atomicMax(tr + {TRACE_START_MAX} * {len(layout.steps) * layout.nrb}, t); }}")
+            L.append(trace_stamp(layout, st, TRACE_START_MIN, TRACE_START_MAX))
         L.append(f"        F_{g.name}<{cgmask}> f;")
         L += ["        " + s for s in functor_setup(g, "f", ptr, ld)]
         if g.kind == "gemm":
@@ -651,9 +658,7 @@ def pipeline_source(layout: PipelineLayout, bufs: BufTable) -> str:
                 continue
             L.append(f"        team_arrive(tm, ctrl + {ring.empty_off} + rb % {ring.nslots});  // done with {t!r}")
         if layout.trace_off:   # when this row-block's last (and first) item of the step ended (diagnostics)
-            L.append(f"        if (tm.tid == 0) {{ const unsigned long long t = globaltimer(); "
-                     f"unsigned long long* tr = reinterpret_cast<unsigned long long*>(ctrl + {layout.trace_off}) + {st.sid} * {layout.nrb} + rb; "
-                     f"atomicMax(tr, t); atomicMax(tr + {TRACE_END_MIN} * {len(layout.steps) * layout.nrb}, ~t); }}")
+            L.append(trace_stamp(layout, st, TRACE_END_MIN, TRACE_END_MAX))
         L += ["    }", "}"]
         return "\n".join(L)
 

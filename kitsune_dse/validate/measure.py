@@ -48,7 +48,7 @@ class Timing:
 
 
 def time_runs(run, pre, after, stream, runs: int = 30, warmup: int = 3, flush: L2Flusher | None = None,
-              poison_every: bool = True, host_start: bool = False) -> Timing:
+              poison_every: bool = True, host_start: bool = False, each=None) -> Timing:
     """`pre()` (poison, reset) and the flush happen before the start event; `after()` checks
     each run (raising on a pipeline error) after the end event.
 
@@ -81,33 +81,20 @@ def time_runs(run, pre, after, stream, runs: int = 30, warmup: int = 3, flush: L
         end.synchronize()
         after()
         samples.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+        if each is not None:    # each(seconds) after every timed run, its checks done
+            each(samples[-1])
     return Timing.of(samples, host)
 
 
-def outside_span_s(v, stream, runs: int = 10, flush: L2Flusher | None = None) -> float | None:
-    """A persistent kernel's time outside its workers' span: over `runs` cold runs, the median of
-    the CUDA events' time less the first worker's start to the last worker's end (%globaltimer,
-    `placement["kernel_begin_ns"/"kernel_end_ns"]`): its launch, first CTA start, last CTA exit
-    and the end event. None where the variant records no span."""
-    cp = _cp()
-    start, end = cp.cuda.Event(), cp.cuda.Event()
-    out = []
-    with stream:    # pre() resets the control block on the current stream
-        for _ in range(runs):
-            v.pre(False)
-            if flush is not None:
-                flush(stream)
-            start.record(stream)
-            v.run(stream)
-            end.record(stream)
-            end.synchronize()
-            v.after()
-            pl = getattr(v, "placement", None) or {}
-            if "kernel_end_ns" not in pl:
-                return None
-            span = (pl["kernel_end_ns"] - pl["kernel_begin_ns"]) * 1e-9
-            out.append(cp.cuda.get_elapsed_time(start, end) * 1e-3 - span)
-    return float(np.median(out))
+def outside_span_s(v, elapsed_s: float) -> float | None:
+    """A persistent kernel's time outside its workers' span in a run timed `elapsed_s` by CUDA
+    events (time_runs' `each`): less the first worker's start to the last worker's end
+    (%globaltimer, `placement["kernel_begin_ns"/"kernel_end_ns"]`), what remains is its launch,
+    first CTA start, last CTA exit and the end event. None where the variant records no span."""
+    pl = getattr(v, "placement", None) or {}
+    if "kernel_end_ns" not in pl:
+        return None
+    return elapsed_s - (pl["kernel_end_ns"] - pl["kernel_begin_ns"]) * 1e-9
 
 
 def median(xs):
