@@ -813,6 +813,8 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             data["gemm_tile_fixed_s"] = pf["tile_fixed_s"]
             data["gemm_tile_fixed_idle_s"] = pf["tile_fixed_idle_s"]
             data["efficiency"]["persistent_lone_team"] = pf["persistent_lone_team"]
+            if pf["persistent_solo_team"] is not None:
+                data["efficiency"]["persistent_solo_team"] = pf["persistent_solo_team"]
             data["persistent_gemm_sm_stream_Bps"] = pf["sm_stream_Bps"]
             data["persistent_gemm_l2_Bps"] = pf["operand_l2_Bps"]
             data["efficiency"]["persistent_tensor_core"] = pf["persistent_tensor_core"]

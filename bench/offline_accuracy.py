@@ -4,6 +4,7 @@ and DRAM error a model change would give before any GPU time is spent. The picks
 the model; their regret needs a new run (`bench/validate_suite.py`).
 
     python bench/offline_accuracy.py [--set efficiency.l2_usable_fraction=0.6] [-v] [--primary-only]
+        [--results DIR --plans-root ROOT]   # another run: its measurements, the plan files it ran
 """
 from __future__ import annotations
 
@@ -35,16 +36,21 @@ def main() -> None:
     ap.add_argument("-v", action="store_true")
     ap.add_argument("--primary-only", action="store_true", help="validation.csv alone, not the "
                     "median over it and validation_repeat_*.csv")
+    ap.add_argument("--results", type=Path, default=RESULTS, help="a suite run's folder (validation.csv, "
+                    "manifest.json, ...)")
+    ap.add_argument("--plans-root", type=Path, default=ROOT, help="where that run's plan files lie "
+                    "(a checkout of its commit: a trial's plans are not the committed ones)")
     a = ap.parse_args()
+    results = a.results
     over = dict(s.split("=", 1) for s in a.set)
     spec = spec_with_overrides(load_spec(ROOT / "hw_specs/h100-sxm.calibrated.yaml"), over)
     cspec = spec_with_overrides(load_spec(ROOT / "hw_specs/h100-sxm-cublas.calibrated.yaml"), over)
-    rows = list(csv.DictReader(open(RESULTS / "validation.csv")))
+    rows = list(csv.DictReader(open(results / "validation.csv")))
     if not a.primary_only:
         # the same latencies accuracy.py reports: the median over the suite's repeated runs
-        rows = median_over_runs(rows, [list(csv.DictReader(open(p))) for p in repeat_runs(RESULTS)])
-    ncu = ncu_rows(RESULTS)
-    manifest = json.loads((RESULTS / "manifest.json").read_text())
+        rows = median_over_runs(rows, [list(csv.DictReader(open(p))) for p in repeat_runs(results)])
+    ncu = ncu_rows(results)
+    manifest = json.loads((results / "manifest.json").read_text())
     lat_err, dram_err, sp = [], [], []
     for w in manifest["workloads"]:
         name = w["name"]
@@ -58,7 +64,7 @@ def main() -> None:
                 e2e = next((r for r in prs if r["variant"] == "plan"), None)
             if e2e is None or not e2e.get("measured_latency_s"):
                 continue
-            plan = json.loads((ROOT / p["file"]).read_text())
+            plan = json.loads((a.plans_root / p["file"]).read_text())
             new = evaluate_plan(plan, graph, spec)
             pred = new["predicted"]["latency_s"]
             alts.append((stem, pred, float(e2e["measured_latency_s"])))

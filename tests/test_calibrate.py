@@ -134,6 +134,33 @@ def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():
     assert fit["a_stream_fill_s"] == pytest.approx(5e-6, abs=1.5e-6)
 
 
+def test_persistent_gemm_fit_recovers_the_one_team_share():
+    # kernels whose items each have an SM of their own run one team per SM (their lone item at
+    # persistent_solo_team of the two-team rate); a fit on rows with none keeps no such share
+    from kitsune_dse.calibrate.fit import fit_persistent_gemm, one_stage_teams, persistent_gemm_time
+    base = load_spec("h100-sxm")
+    truth = base.model_copy(update={
+        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9, "persistent_a_stream_fill_s": 5e-6,
+        "efficiency": base.efficiency.model_copy(update={
+            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7,
+            "persistent_a_stream_share": 0.45, "persistent_lone_team": 0.75, "persistent_solo_team": 0.95})})
+    solo = [((1024, 2048, 4096), 132), ((2048, 1024, 4096), 132), ((1024, 1024, 8192), 66),
+            ((512, 4096, 2048), 132)]
+    assert all(one_stage_teams(truth, "matmul", d, s) == 1 for d, s in solo)
+    cases = [((4096, 4096, 4096), s) for s in (8, 33, 66, 132)] + [
+        ((16384, 1024, 256), 132), ((65536, 128, 1024), 132), ((64, 49152, 12288), 132),
+        ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132),
+        ((65536, 128, 256), 132), ((65536, 128, 4096), 132), ((4096, 1024, 4096), 132)]
+    assert all(one_stage_teams(truth, "matmul", d, s) == 2 for d, s in cases)
+    rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s)} for d, s in cases + solo]
+    fit = fit_persistent_gemm(base, rows)
+    assert fit["solo_team_cases"] == len(solo) and fit["rms_rel_error"] < 3e-3
+    assert fit["persistent_solo_team"] == pytest.approx(0.95, rel=0.02)
+    assert fit["spec"].efficiency.persistent_solo_team == fit["persistent_solo_team"]
+    none = fit_persistent_gemm(base, rows[:len(cases)])
+    assert none["persistent_solo_team"] is None and none["spec"].efficiency.persistent_solo_team is None
+
+
 def test_persistent_gemm_fit_finds_the_operand_feed():
     # a planted 4 TB/s feed binds the long-K cases at 132 SMs (and the 64-row tiles), not at 8-33
     from kitsune_dse.calibrate.fit import fit_persistent_gemm, persistent_gemm_time
@@ -167,6 +194,11 @@ def test_the_committed_harness_spec_carries_the_persistent_gemm_fit():
     assert sp.persistent_gemm_l2_Bps == pytest.approx(fit["operand_l2_Bps"])
     assert sp.efficiency.persistent_a_stream_share == pytest.approx(fit["persistent_a_stream_share"])
     assert sp.persistent_a_stream_fill_s == pytest.approx(fit["a_stream_fill_s"])
+    # one team per SM where every item has an SM of its own: its lone item is faster than a
+    # lone item beside an idle second team (no spills at 255 registers a thread)
+    assert fit["solo_team_cases"] >= 4
+    assert sp.efficiency.persistent_solo_team == pytest.approx(fit["persistent_solo_team"])
+    assert sp.efficiency.persistent_solo_team > sp.efficiency.persistent_lone_team
 
 
 def test_tile_handoff_fit_recovers_the_constants_it_was_made_from():

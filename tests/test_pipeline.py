@@ -647,3 +647,38 @@ def test_the_launch_ramp_inside_the_span_moves_stage_ends_not_the_latency():
     assert b.breakdown["stage_end_s"] == pytest.approx([x + 4e-6 for x in a.breakdown["stage_end_s"]], rel=1e-12)
     # the last stage ends one outside part before the region's end (events around the kernel)
     assert b.breakdown["stage_end_s"][-1] <= b.latency_s - 3e-6 + 1e-15
+
+
+def test_one_team_per_sm_where_every_step_fits_its_stage_and_its_own_lone_share():
+    # ffn 512 x 1024 -> 1024 -> 1024 in 128-row blocks: 4 row-blocks of 8 column tiles per GEMM,
+    # 32 items over the stream. On 66 SMs every item has an SM of its own: the harness runs one
+    # team per SM (validate.lower.solo_team_fits), and a lone item runs at persistent_solo_team
+    # of the two-team rate; on 16 SMs two items share an SM and both teams work.
+    from kitsune_dse.cost.roofline import busiest_sm_tiles, lone_share
+    r = Region.of(ffn_graph(512, 1024, 1024))
+    fits, crowded = (PipelineChoice((("fc1", "gelu", "fc2"),), (s,), 128) for s in (66, 16))
+    lone = H100.model_copy(update={"efficiency": H100.efficiency.model_copy(
+        update={"persistent_lone_team": 0.7})})
+    solo = lone.model_copy(update={"efficiency": lone.efficiency.model_copy(
+        update={"persistent_solo_team": 0.95})})
+    assert pipeline(r, lone, fits).breakdown["teams_per_sm"] == 1
+    assert pipeline(r, lone, crowded).breakdown["teams_per_sm"] == 2
+    # no solo share: the lone one (the same number, bit for bit)
+    same = lone.model_copy(update={"efficiency": lone.efficiency.model_copy(
+        update={"persistent_solo_team": 0.7})})
+    assert pipeline(r, same, fits).latency_s == pipeline(r, lone, fits).latency_s
+    assert pipeline(r, solo, fits).latency_s < pipeline(r, lone, fits).latency_s
+    assert pipeline(r, solo, crowded).latency_s == pipeline(r, lone, crowded).latency_s
+    works, _ = stage_works(r, solo, plan_stages(r, solo, fits))
+    gemm = next(w for w in works[0] if w.tile_shape)
+    assert gemm.solo_team and lone_share(gemm, solo) == 0.95
+    assert lone_share(gemm.but(solo_team=False), solo) == 0.7
+    # one item on its SM: 1 / share tile times of the two-team rate
+    assert busiest_sm_tiles(gemm.but(tiles=40), 66, lone_share(gemm, solo)) == pytest.approx(1 / 0.95)
+    # the search's table: one team where the stage allows it at that SM count (32 items)
+    t_lone = stage_time_table(r, lone, plan_stages(r, lone, fits))[0]
+    t_solo = stage_time_table(r, solo, plan_stages(r, solo, fits))[0]
+    assert (t_solo[1:32] == t_lone[1:32]).all()
+    assert (t_solo[32:] < t_lone[32:]).all()
+    # and the search's table agrees with the exact pricing at the plan's own SM count
+    assert t_solo[66] == pytest.approx(pipeline(r, solo, fits).breakdown["stage_tile_s"][0], rel=1e-9)

@@ -684,19 +684,25 @@ def test_one_team_only_where_the_second_would_idle(monkeypatch):
     from kitsune_dse.validate.lower import solo_team_fits
     root = Path(__file__).resolve().parents[1]
     reg, region = _region(load_plan(root / "bench/suite/dlrm-top-mlp/plans/hand-p1-132-r128.json"))
-    two = layout_pipeline(reg, region)
-    assert two.teams == 2 and solo_team_fits(two)           # off by default
+    region = {**region, "pipeline": {k: v for k, v in region["pipeline"].items() if k != "teams_per_sm"}}
+    two = layout_pipeline(reg, region, teams=2)
+    assert solo_team_fits(two)
     assert max(st.items for st in two.steps) * two.nrb <= two.stages[0].ctas
-    monkeypatch.setenv("KDSE_SOLO_TEAM", "1")
-    one = layout_pipeline(reg, region)
+    one = layout_pipeline(reg, region)              # the rule, where the plan names no count
     assert one.teams == 1 and one.grid == two.grid
     src = codegen.pipeline_source(one, codegen.BufTable())
     assert "__launch_bounds__(256, 1)" in src and "team * 132" in src
     big_reg, big_region = _region(_plan("gpt3-mlp-t2048-tp8"))
     big = layout_pipeline(big_reg, big_region)
     assert big.teams == 2 and not solo_team_fits(big)
-    # an explicit team count wins over the rule
+    # the plan's priced count wins over the rule, an explicit count over both; =0 turns it off
+    assert layout_pipeline(reg, {**region, "pipeline": {**region["pipeline"], "teams_per_sm": 2}}).teams == 2
     assert layout_pipeline(reg, region, teams=2).teams == 2
+    monkeypatch.setenv("KDSE_SOLO_TEAM", "0")
+    assert layout_pipeline(reg, region).teams == 2
+    with pytest.raises(KitsuneError, match="teams_per_sm is 3"):
+        monkeypatch.delenv("KDSE_SOLO_TEAM")
+        layout_pipeline(reg, {**region, "pipeline": {**region["pipeline"], "teams_per_sm": 3}})
 
 
 def test_the_time_outside_a_persistent_kernels_span():
@@ -706,3 +712,39 @@ def test_the_time_outside_a_persistent_kernels_span():
     v = SimpleNamespace(placement={"kernel_begin_ns": 1_000_000, "kernel_end_ns": 1_020_000})
     assert outside_span_s(v, 23.15e-6) == pytest.approx(3.15e-6, rel=1e-9)     # 23.15 - 20 us
     assert outside_span_s(SimpleNamespace(placement={}), 1e-5) is None       # no span recorded
+
+
+def test_the_cost_model_prices_the_team_count_the_harness_runs():
+    # cost.pipeline.solo_team_fits is the model's copy of validate.lower.solo_team_fits: on every
+    # pipeline region of the suite's plans, and on one-stage dlrm plans at SM counts around where
+    # its items stop fitting, both pick the same count
+    from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
+    from kitsune_dse.cost.region import Region as CostRegion
+    from kitsune_dse.hw import load_spec
+    from kitsune_dse.report.plan import evaluate_plan
+    from kitsune_dse.validate.harness import resolve_model_ref
+    from kitsune_dse.validate.lower import solo_team_fits
+    root = Path(__file__).resolve().parents[1]
+    spec = load_spec(root / "hw_specs/h100-sxm.calibrated.yaml")
+    seen = {1: 0, 2: 0}
+    for f in sorted((root / "bench/suite").glob("*/plans/*.json")):
+        plan = json.loads(f.read_text())
+        g = load_model(resolve_model_ref(plan), plan["model"]["sizes"])
+        for i, r in enumerate(evaluate_plan(plan, g, spec)["regions"]):
+            if r["strategy"] != "pipeline":
+                continue
+            lay = layout_pipeline(Region(g, plan["regions"][i]), plan["regions"][i], teams=2)
+            assert r["pipeline"]["teams_per_sm"] == (1 if solo_team_fits(lay) else 2), (f.name, i)
+            seen[r["pipeline"]["teams_per_sm"]] += 1
+    assert seen[1] >= 5 and seen[2] >= 20
+    plan = load_plan(root / "bench/suite/dlrm-top-mlp/plans/hand-p1-132-r128.json")
+    g = load_model(resolve_model_ref(plan), plan["model"]["sizes"])
+    ops = tuple(plan["regions"][0]["stages"][0]["ops"])
+    for sms in (64, 127, 128, 132):
+        for rows in (64, 128):
+            est = pipeline(CostRegion.of(g), spec, PipelineChoice((ops,), (sms,), rows))
+            pr = {"id": 0, "strategy": "pipeline", "ops": list(ops), "kernels": plan["regions"][0]["kernels"],
+                  "stages": [{"id": 0, "ops": list(ops), "sms": sms, "ctas": sms,
+                              "tile": {"rows": rows, "slabs": 1}}], "queues": []}
+            lay = layout_pipeline(Region(g, pr), pr, teams=2)
+            assert est.breakdown["teams_per_sm"] == (1 if solo_team_fits(lay) else 2), (sms, rows)

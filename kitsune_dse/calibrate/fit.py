@@ -181,21 +181,32 @@ def check_finite(m: dict) -> None:
                 raise ValueError(f"{key} at {s} SMs is {v}")
 
 
-def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16", rows: int = 128) -> float:
+def one_stage_time(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16", rows: int = 128,
+                   teams: int | None = None) -> float:
     """The model's time of a one-stage persistent pipeline kernel of a microbenchmark case
     (validate.microbench.case_model: a GEMM (m, n, k), a row op (rows, cols), a chain of GEMMs
     (rows, width, layers): its ops the stage's steps) on `sms` SMs, `rows`-row blocks, as the
-    explorer prices a pipeline stage."""
+    explorer prices a pipeline stage; `teams` per CTA as measured (None: as the harness
+    chooses by default, cost.pipeline.solo_team_fits)."""
+    return _one_stage(spec, kind, dims, sms, dtype, rows, teams).latency_s
+
+
+def one_stage_teams(spec: HwSpec, kind: str, dims, sms: int, dtype: str = "fp16", rows: int = 128) -> int:
+    """The teams per SM the harness runs that kernel with (cost.pipeline.solo_team_fits)."""
+    return _one_stage(spec, kind, dims, sms, dtype, rows).breakdown["teams_per_sm"]
+
+
+def _one_stage(spec: HwSpec, kind: str, dims, sms: int, dtype: str, rows: int, teams: int | None = None):
     from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
     from kitsune_dse.cost.region import Region
     from kitsune_dse.validate.microbench import case_model
     g, _ = case_model(kind, dtype, tuple(dims))
     ops = tuple(o.name for o in g.ops)
-    return pipeline(Region.of(g), spec, PipelineChoice((ops,), (sms,), rows)).latency_s
+    return pipeline(Region.of(g), spec, PipelineChoice((ops,), (sms,), rows, teams=teams))
 
 
 def ring_pair_time(spec: HwSpec, kind: str, dims, sms, dtype: str = "fp16", rows: int = 128,
-                   depth: int = 8) -> float:
+                   depth: int = 8, teams: int | None = None) -> float:
     """The model's time of a microbenchmark case as a pipeline of one stage per op (`sms`: one
     SM count per op), each handing its output to the next through a ring `depth` tiles deep."""
     from kitsune_dse.cost.pipeline import PipelineChoice, pipeline
@@ -204,12 +215,18 @@ def ring_pair_time(spec: HwSpec, kind: str, dims, sms, dtype: str = "fp16", rows
     g, _ = case_model(kind, dtype, tuple(dims))
     ops = tuple(o.name for o in g.ops)
     n = len(ops) - 1
-    choice = PipelineChoice(tuple((o,) for o in ops), tuple(int(x) for x in sms), rows, (depth,) * n, ("row",) * n)
+    choice = PipelineChoice(tuple((o,) for o in ops), tuple(int(x) for x in sms), rows, (depth,) * n, ("row",) * n,
+                            teams)
     return pipeline(Region.of(g), spec, choice).latency_s
 
 
+def _teams_tag(r: dict) -> str:
+    """A case name's suffix for a row measured at a named team count (twins of one kernel)."""
+    return f"/{r['teams']}team" if r.get("teams") else ""
+
+
 def _case_key(r: dict) -> tuple:
-    return (json.dumps(r["dims"]), json.dumps(r["sms"]), r.get("tile_rows", 128), r.get("depth", 8))
+    return (json.dumps(r["dims"]), json.dumps(r["sms"]), r.get("tile_rows", 128), r.get("depth", 8), r.get("teams"))
 
 
 def _fit_one(spec: HwSpec, rows: list[dict], field: str, scale: float, x0: float, lo: float, hi: float,
@@ -250,7 +267,7 @@ def _fit_one(spec: HwSpec, rows: list[dict], field: str, scale: float, x0: float
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(fitted),
             **({"fitted_on": "increments over the reference case of the same shape where there is one: "
                 + ", ".join(f"{k} over {v}" for k, v in refs.items())} if refs else {}),
-            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}"
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}{_teams_tag(r)}"
                                   + ("" if ref is None else f" over {ref['kind']}"): round(float(e), 3)
                                   for r, ref, e in zip(fitted, ref_of, rel)}}
 
@@ -271,7 +288,7 @@ def fit_concat_stream(spec: HwSpec, rows: list[dict]) -> dict:
     meas = np.array([r["time_s"] for r in rows], float)
 
     def time_of(sp, r):
-        return one_stage_time(sp, r["kind"], r["dims"], r["sms"])
+        return one_stage_time(sp, r["kind"], r["dims"], r["sms"], teams=r.get("teams"))
 
     def resid(x):
         sp = with_x(x)
@@ -286,7 +303,7 @@ def fit_concat_stream(spec: HwSpec, rows: list[dict]) -> dict:
             "efficiency": {"persistent_concat_hbm": float(fit.x[1])},
             "rms_rel_error": float(np.sqrt(np.mean(e ** 2))), "max_rel_error": float(np.max(np.abs(e))),
             "points": len(rows),
-            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(v), 3)
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}{_teams_tag(r)}": round(float(v), 3)
                                   for r, v in zip(rows, e)}}
 
 
@@ -296,7 +313,8 @@ def fit_ring_handoff(spec: HwSpec, rows: list[dict]) -> dict:
     whose rings, eight tiles deep, keep the stages waiting on each other."""
     return _fit_one(spec, rows, "ring_handoff_s", 1e-6, spec.sync_latency_s * 1e6, 0.0, 50.0,
                     lambda sp, r: ring_pair_time(sp, r["kind"], r["dims"], r["sms"],
-                                                 rows=r.get("tile_rows", 128), depth=r.get("depth", 8)))
+                                                 rows=r.get("tile_rows", 128), depth=r.get("depth", 8),
+                                                 teams=r.get("teams")))
 
 
 def fit_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
@@ -304,7 +322,7 @@ def fit_transcendental(spec: HwSpec, rows: list[dict]) -> dict:
     GELU or SiLU epilogue of the shapes the GEMM fit knows, each on its increment over the same
     GEMM with a ReLU epilogue (which has none)."""
     return _fit_one(spec, rows, "transcendental_flops", 1.0, 8.0, 0.0, 1000.0,
-                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs=EPILOGUE_REFS)
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"], teams=r.get("teams")), refs=EPILOGUE_REFS)
 
 
 # a GEMM with a special function in its epilogue -> the same GEMM without (the increment is
@@ -398,14 +416,14 @@ def fit_epilogue_vector(spec: HwSpec, rows: list[dict]) -> dict:
     if not any(r["kind"] == "mmbias" for r in rows):
         raise ValueError("no GEMM with a bias beside the same GEMM without")
     return _fit_one(spec, rows, "epilogue_vector_s", 1e-6, 0.5, 0.0, 50.0,
-                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs={"mmbias": "matmul"})
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"], teams=r.get("teams")), refs={"mmbias": "matmul"})
 
 
 def fit_epilogue_input(spec: HwSpec, rows: list[dict]) -> dict:
     """Per tile and full input a persistent GEMM's epilogue reads (a residual add): one-stage
     GEMMs with one, of four shapes, each on its increment over the same GEMM without."""
     return _fit_one(spec, rows, "epilogue_input_s", 1e-6, 1.0, 0.0, 50.0,
-                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"]), refs={"mmadd": "matmul"})
+                    lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"], teams=r.get("teams")), refs={"mmadd": "matmul"})
 
 
 def _fit_narrow_saving(spec: HwSpec, rows: list[dict], field: str, key, time_of, name_of, what: str) -> dict:
@@ -436,10 +454,11 @@ def fit_narrow_tile(spec: HwSpec, rows: list[dict]) -> dict:
     the same kind, M, K, SMs and tile rows at N = 128 (its reference, measured beside it)."""
     def key(r):
         m, n, k = r["dims"]
-        return (r["kind"], m, k, json.dumps(r["sms"]), r.get("tile_rows", 128))
+        return (r["kind"], m, k, json.dumps(r["sms"]), r.get("tile_rows", 128), r.get("teams"))
     return _fit_narrow_saving(
         spec, rows, "persistent_narrow_tile_saving", key,
-        lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"], rows=r.get("tile_rows", 128)),
+        lambda sp, r: one_stage_time(sp, r["kind"], r["dims"], r["sms"], rows=r.get("tile_rows", 128),
+                                     teams=r.get("teams")),
         lambda r: f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}/{r.get('tile_rows', 128)}",
         "persistent GEMM")
 
@@ -460,12 +479,13 @@ def fit_row_load(spec: HwSpec, rows: list[dict]) -> dict:
     feeding a softmax through a ring (attention's scores), against the row op alone."""
     return _fit_one(spec, rows, "persistent_row_load_slowdown", 1.0, 0.5, 0.0, 20.0,
                     lambda sp, r: ring_pair_time(sp, r["kind"], r["dims"], r["sms"],
-                                                 rows=r.get("tile_rows", 128), depth=r.get("depth", 8)))
+                                                 rows=r.get("tile_rows", 128), depth=r.get("depth", 8),
+                                                 teams=r.get("teams")))
 
 
 def persistent_gemm_time(spec: HwSpec, m: int, n: int, k: int, sms: int, dtype: str = "fp16",
-                         rows: int = 128) -> float:
-    return one_stage_time(spec, "matmul", (m, n, k), sms, dtype, rows)
+                         rows: int = 128, teams: int | None = None) -> float:
+    return one_stage_time(spec, "matmul", (m, n, k), sms, dtype, rows, teams)
 
 
 def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
@@ -480,20 +500,26 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     Returns the constants, the residuals and the spec that carries them."""
     peak = spec.tensor_peak_flop_per_s["fp16"]
     meas = np.array([r["time_s"] for r in rows], float)
+    # the kernels the harness ran with one team per SM (every item on an SM of its own) carry
+    # their lone item's own share; without any, the spec keeps none (persistent_lone_team)
+    solo_rows = [r["dims"] for r in rows
+                 if (r.get("teams") or one_stage_teams(spec, "matmul", r["dims"], r["sms"],
+                                                       rows=r.get("tile_rows", 128))) == 1]
 
     def with_params(x):
-        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p = (float(v) for v in x)
+        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo = (float(v) for v in x)
         return spec.model_copy(update={
             "gemm_tile_fixed_s": tile_us * 1e-6, "gemm_tile_fixed_idle_s": idle_us * 1e-6, "persistent_gemm_sm_stream_Bps": stream_GBps * 1e9,
             "persistent_gemm_l2_Bps": feed_TBps * 1e12, "persistent_a_stream_fill_s": fill_us * 1e-6,
             "efficiency": spec.efficiency.model_copy(update={
                 "persistent_tensor_core": eff, "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
                 "persistent_lone_team": lone, "persistent_a_stream_share": a_share,
-                "persistent_feed_exponent": feed_p})})
+                "persistent_feed_exponent": feed_p, "persistent_solo_team": solo if solo_rows else None})})
 
     def resid(x):
         sp = with_params(x)
-        return np.array([persistent_gemm_time(sp, *r["dims"], r["sms"], rows=r.get("tile_rows", 128))
+        return np.array([persistent_gemm_time(sp, *r["dims"], r["sms"], rows=r.get("tile_rows", 128),
+                                              teams=r.get("teams"))
                          for r in rows]) / meas - 1
     # the feed cap is a max() beside the math: started above it, it has no gradient, so start
     # from a few feeds below the L2's streaming rate and keep the best
@@ -504,23 +530,28 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     hbm_max = spec.efficiency.hbm
     # (the A stream's floor, roofline._a_stream_floor, binds only at one column tile on the
     # whole chip: its share starts at 0.6)
+    # (and from two overlaps: with the one-team rows and their two-team twins, a start at 0.5
+    # stopped in a minimum of rms 5.3% with the A stream's share at 0.76, pricing 65536 x 128 x
+    # 1024 on 132 SMs 14% under; from 0.85: rms 4.7%, that case within 1%)
     fit = min((least_squares(resid, [spec.efficiency.tensor_core, 2.0, spec.hbm_per_sm_bandwidth_Bps / 1e9,
-                                     0.5, 0.95 * hbm_max, f * l2_TBps, 2.0, 0.7, 0.6, 8.0, 4.0],
-                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5, 0.0, 0.5, 0.2, 0.0, 1.0],
-                                     [1.0, 50.0, 500.0, 1.0, hbm_max, 50.0, 50.0, 1.0, 1.0, 50.0, 64.0]),
-                             diff_step=1e-3, max_nfev=150) for f in (0.6, 0.8, 1.0)), key=lambda r: r.cost)
+                                     ov, 0.95 * hbm_max, f * l2_TBps, 2.0, 0.7, 0.6, 8.0, 4.0, 0.9],
+                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5, 0.0, 0.5, 0.2, 0.0, 1.0, 0.5],
+                                     [1.0, 50.0, 500.0, 1.0, hbm_max, 50.0, 50.0, 1.0, 1.0, 50.0, 64.0, 1.0]),
+                             diff_step=1e-3, max_nfev=150) for f in (0.6, 0.8, 1.0) for ov in (0.5, 0.85)),
+              key=lambda r: r.cost)
     rel = resid(fit.x)
-    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p = (float(v) for v in fit.x)
+    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo = (float(v) for v in fit.x)
     return {"persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
             "tile_fixed_s": tile_us * 1e-6, "tile_fixed_idle_s": idle_us * 1e-6,
-            "persistent_lone_team": lone, "sm_stream_Bps": stream_GBps * 1e9,
+            "persistent_lone_team": lone, "persistent_solo_team": solo if solo_rows else None,
+            "solo_team_cases": len(solo_rows), "sm_stream_Bps": stream_GBps * 1e9,
             "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
             "operand_l2_Bps": feed_TBps * 1e12,
             "persistent_a_stream_share": a_share, "a_stream_fill_s": fill_us * 1e-6,
             "persistent_feed_exponent": feed_p,
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
-            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}"
+            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}{_teams_tag(r)}"
                                   + (f"/r{r['tile_rows']}" if r.get("tile_rows", 128) != 128 else ""):
                                   round(float(e), 3) for r, e in zip(rows, rel)},
             "spec": with_params(fit.x)}
@@ -570,14 +601,15 @@ def fit_persistent_rows(spec: HwSpec, rows: list[dict]) -> dict:
 
     def resid(x):
         sp = with_params(x)
-        return np.array([one_stage_time(sp, r["kind"], r["dims"], r["sms"]) for r in rows]) / meas - 1
+        return np.array([one_stage_time(sp, r["kind"], r["dims"], r["sms"], teams=r.get("teams"))
+                         for r in rows]) / meas - 1
     fit = least_squares(resid, [spec.hbm_per_sm_bandwidth_Bps / 1e9, 0.1], bounds=([0.5, 0.0], [1000.0, 50.0]),
                         diff_step=1e-3)
     rel = resid(fit.x)
     return {"sm_stream_Bps": float(fit.x[0]) * 1e9, "item_fixed_s": float(fit.x[1]) * 1e-6,
             "rms_rel_error": float(np.sqrt(np.mean(rel ** 2))),
             "max_rel_error": float(np.max(np.abs(rel))), "points": len(rows),
-            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(e), 3)
+            "rel_error_by_case": {f"{r['kind']}{'x'.join(map(str, r['dims']))}@{r['sms']}{_teams_tag(r)}": round(float(e), 3)
                                   for r, e in zip(rows, rel)}}
 
 
@@ -723,13 +755,13 @@ def fit_step_handoff(spec: HwSpec, rows: list[dict]) -> dict:
     def rel(x: float) -> np.ndarray:
         sp = spec.model_copy(update={"step_handoff_s": x * 1e-6})
         return np.array([one_stage_time(sp, r.get("kind", "chain"), r["dims"], r["sms"],
-                                        rows=r.get("tile_rows", 128)) / r["time_s"] - 1
+                                        rows=r.get("tile_rows", 128), teams=r.get("teams")) / r["time_s"] - 1
                          for r in rows])
     best = minimize_scalar(lambda x: float(np.sum(rel(x) ** 2)), bounds=(0.0, 50.0), method="bounded")
     e = rel(best.x)
     return {"step_handoff_s": float(best.x) * 1e-6, "rms_rel_error": float(np.sqrt(np.mean(e ** 2))),
             "max_rel_error": float(np.max(np.abs(e))), "points": len(rows),
-            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}": round(float(v), 3)
+            "rel_error_by_case": {f"{'x'.join(map(str, r['dims']))}@{r['sms']}{_teams_tag(r)}": round(float(v), 3)
                                   for r, v in zip(rows, e)}}
 
 

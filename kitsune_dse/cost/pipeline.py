@@ -46,12 +46,15 @@ class PipelineChoice:
     tile_rows: int = 128
     depths: tuple[int, ...] = ()        # ring slots per queue; default 2
     modes: tuple[str, ...] = ()         # 'row' or 'split_k' per queue; default 'row'
+    teams: int | None = None            # 256-thread teams per CTA: 1 or 2; None: as the harness
+                                        # chooses (solo_team_fits), what the search leaves it to
 
     def normalized(self) -> "PipelineChoice":
         q = len(self.stages) - 1
         return PipelineChoice(tuple(tuple(s) for s in self.stages), tuple(int(x) for x in self.sms),
                               int(self.tile_rows), tuple(self.depths) or (2,) * q,
-                              tuple(self.modes) or ("row",) * q)
+                              tuple(self.modes) or ("row",) * q,
+                              None if self.teams is None else int(self.teams))
 
 
 @dataclass(frozen=True)
@@ -90,6 +93,8 @@ def plan_stages(region: Region, spec: HwSpec, choice: PipelineChoice) -> StagePl
 
 def _check_sms(c: PipelineChoice, spec: HwSpec) -> None:
     J = len(c.stages)
+    if c.teams not in (None, 1, TEAMS_PER_SM):
+        raise InfeasibleError(f"{c.teams} teams per CTA: the runtime runs 1 or {TEAMS_PER_SM}")
     if len(c.sms) != J:
         raise InfeasibleError(f"{J} stages but {len(c.sms)} SM counts")
     for j, s in enumerate(c.sms):
@@ -329,6 +334,10 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     core = _stage_works_core(region, spec, plan)
     units = plan.row_blocks * plan.slabs
     core_works, free0 = _paced_by_rates(core, plan, spec, sms)
+    teams = plan.choice.teams
+    solo = teams == 1 if teams is not None else solo_team_fits(core, sms)
+    if solo:
+        core_works = _as_solo(core_works, True)
     # the read total is summed in the order the groups were costed, re-reads at their place
     tot_r = reread = 0.0
     for x in core.read_terms:
@@ -359,10 +368,36 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
         "queue_bytes": core.queue_bytes,
         "queue_spill_bytes": core.spill_bytes, "queue_write_back_bytes": core.write_back_bytes,
         "partial_sum_write_back_bytes": partial, "l2_footprint_bytes": core.footprint,
-        "l2_frame_bytes": core.frame_bytes,
+        "l2_frame_bytes": core.frame_bytes, "teams_per_sm": 1 if solo else TEAMS_PER_SM,
         "weights_resident": list(core.resident), "stage_shapes": list(core.shapes),
         "stage_single_works": list(core.single), "stage_inflight": list(core.inflight),
         "stage_splitk": list(core.splitk), "stage_slab_writer": list(core.slab_writer)}
+
+
+def solo_stage_fits(core: "_StageWorks", j: int, sms):
+    """Stage j alone allows one team per SM at `sms` SMs (scalar or per SM count): none of its
+    steps has more items over all the runtime's row-blocks than the stage has CTAs (one a SM),
+    and its split_k consumer, if any, keeps each tile's K whole (runtime_ksplit at two teams:
+    the runtime decides by the two-team layout, validate.lower.solo_team_fits)."""
+    s = np.atleast_1d(np.asarray(sms, dtype=np.int64))
+    ok = core.step_items[j] <= s
+    sk = core.ksplit_info[j]
+    if sk:
+        ok &= np.array([runtime_ksplit(sk["n_tiles"], TEAMS_PER_SM * int(x), sk["k"], sk["slab_w"],
+                                       sk["ws_per_split"]) == 1 for x in s])
+    return ok if np.ndim(sms) else bool(ok[0])
+
+
+def solo_team_fits(core: "_StageWorks", sms) -> bool:
+    """The harness runs the kernel with one 256-thread team per SM (validate.lower.solo_team_fits,
+    the same rule on its own layout): every stage allows it at its SM count. The second team
+    would only idle there, and without it a thread may hold 255 registers instead of 128
+    (bench/step_trace_probe.py --teams: 1-10% faster, no spills)."""
+    return all(solo_stage_fits(core, j, int(s)) for j, s in enumerate(sms))
+
+
+def _as_solo(works, solo: bool):
+    return tuple(tuple(w.but(solo_team=solo) if w.solo_team != solo else w for w in ws) for ws in works)
 
 
 def _l2_evictions(core, spec: HwSpec, sms) -> tuple[float, float]:
@@ -409,6 +444,9 @@ class _StageWorks:
     row_blocks: int = 1                     # the runtime's row-blocks
     frame_bytes: float = 0.0                # of footprint: the kernel's spilled stack frames
     written_bytes: float = 0.0              # every byte its steps store (rings and outputs)
+    step_items: tuple[int, ...] = ()        # per stage: its steps' most items over all the
+                                            # runtime's row-blocks (solo_team_fits)
+    ksplit_info: tuple[dict | None, ...] = ()  # per stage: its split_k consumer's _splitk_info
 
 
 def _stage_works_core(region: Region, spec: HwSpec, plan: StagePlan) -> _StageWorks:
@@ -475,12 +513,15 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             lim = min(lim, c.depths[j] * slabs)
         inflight.append(max(1, lim))
     out, shapes, read_terms, single, splitk, writers = [], [], [], [], [], []
+    step_items, ksplit_info = [], []
     tot_w = spill = write_back = written = 0.0
     inputs_read: set[str] = set()     # a region input is fetched from DRAM once, then hits L2
     for j, st in enumerate(c.stages):
         sub, atoms = subs[j], stage_atoms[j]
         # the stage's workers split over all its steps' items: row-blocks in flight at once
         stage_items = sum(_atom_items(g, a, bm, rbs) for a in atoms)
+        step_items.append(max(_atom_items(g, a, bm, rbs) for a in atoms) * rbs)
+        ksplit_info.append(None)
         at_once = float(min(rbs, max(1, inflight[j] // slabs) * rb_per_unit))
         works = []
         for k, atom in enumerate(atoms):
@@ -556,6 +597,8 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
             if J > 1:       # the other stages load their tiles from L2 meanwhile (all the chip)
                 work = work.but(feed_sms=float(spec.sm_count))
             sk = _splitk_info(region, plan, j, atom, bm, rbs) if k_streamed else None
+            if sk:
+                ksplit_info[j] = sk
             if sk and work.tile_shape:
                 # the runtime polls the slab flag before each slab of K it loads (SlabWait):
                 # K / (slabs x slab width) polls per tile of this unit
@@ -582,7 +625,8 @@ def _derive_stage_works(region: Region, spec: HwSpec, plan: StagePlan) -> _Stage
                        write_back, tuple(resident), tuple(single),
                        tuple(i if len(a) == 1 or not w else max(i, slabs)
                              for i, a, w in zip(inflight, stage_atoms, writers)),
-                       tuple(splitk), tuple(writers), footprint, kept_w, rbs, frames, written)
+                       tuple(splitk), tuple(writers), footprint, kept_w, rbs, frames, written,
+                       tuple(step_items), tuple(ksplit_info))
 
 
 def _stage_steps(g, spec: HwSpec, stage, sub: Region) -> list[tuple[str, ...]]:
@@ -1200,10 +1244,22 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     S = spec.sm_count
     axis = np.arange(1, S + 1)
     works, totals = _works_at_plan_load(region, spec, plan)
+    core = _stage_works_core(region, spec, plan)
     tab = np.empty((len(works), S + 1))
     tab[:, 0] = np.inf
+    solo_priced = spec.efficiency.persistent_solo_team is not None
     for j, (w, sh, sk) in enumerate(zip(works, totals["stage_shapes"], totals["stage_splitk"])):
-        tab[j, 1:] = _stage_time(w, sh, sk, spec, axis)
+        (two,) = _as_solo([w], False)
+        tab[j, 1:] = _stage_time(list(two), sh, sk, spec, axis)
+        if plan.choice.teams is not None:       # the plan names the count
+            fits = np.full(S, plan.choice.teams == 1)
+        else:
+            fits = solo_stage_fits(core, j, axis) if solo_priced else np.zeros(S, dtype=bool)
+        if fits.any():
+            # each stage by its own SM count: exact where every stage allows one team (the
+            # allocations that matter: the rule is all stages' at once, cost.pipeline re-times)
+            (one,) = _as_solo([w], True)
+            tab[j, 1:][fits] = _stage_time(list(one), sh, sk, spec, axis[fits])
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
     for j, cap in enumerate(totals["stage_inflight"]):

@@ -100,6 +100,11 @@ class Efficiency(_Strict):
     persistent_lone_team: Annotated[float, Field(ge=0.5, le=1)] = 0.5  # a persistent GEMM tile
                                   # alone on its SM: its share of the SM's two-team rate (0.5:
                                   # no faster than beside the other team)
+    persistent_solo_team: Annotated[float, Field(ge=0.5, le=1)] | None = None  # the same for a
+                                  # kernel of one 256-thread team per SM (the harness runs one where
+                                  # no step has more items than its stage has SMs,
+                                  # cost.pipeline.solo_team_fits): 255 registers a thread, no
+                                  # spills (None: persistent_lone_team)
     l2_weight_share: Frac = 0.8   # a persistent GEMM stage running free: of the row-blocks its
                                   # workers hold at once beyond the first, the share whose weight
                                   # tiles come from one L2 fetch (measured 0.77-0.93 with ncu,
@@ -162,7 +167,7 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "sm_granularity", "gemm_k_tile", "tensor_core", "simt", "hbm", "l2", "l2_usable_fraction",
                    "hbm_saturation_exponent", "small_gemm_k_ref", "mem_compute_overlap",
                    "gemm_read_overlap_exponent", "persistent_feed_exponent", "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_concat_hbm", "persistent_a_stream_share",
-                   "persistent_lone_team", "l2_weight_share", "l2_writeback_center",
+                   "persistent_lone_team", "persistent_solo_team", "l2_weight_share", "l2_writeback_center",
                    "l2_writeback_width", "l2_inner_writeback_center", "l2_inner_writeback_width",
                    "l2_local_frame_share", "l2_resident_reread",
                    "producer_stream_share", "l2_recent_fraction", "l2_dirty_fraction",
@@ -170,7 +175,8 @@ _NUMERIC_FIELDS = {"sm_count", "max_ctas_per_sm", "max_threads_per_sm", "registe
                    "grid_drift_exponent", "grid_desync_exponent", "grid_drift_sharers"}
 _FRACTION_FIELDS = {"tensor_core", "simt", "hbm", "l2", "l2_usable_fraction", "mem_compute_overlap",
                     "persistent_tensor_core", "gemm_hbm", "persistent_gemm_hbm", "persistent_concat_hbm",
-                    "persistent_a_stream_share", "persistent_lone_team", "l2_weight_share", "producer_stream_share"}
+                    "persistent_a_stream_share", "persistent_lone_team", "persistent_solo_team", "l2_weight_share",
+                    "producer_stream_share"}
 
 
 class Calibration(BaseModel):

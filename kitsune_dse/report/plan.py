@@ -78,6 +78,8 @@ def region_dict(idx: int, region: Region, strategy: str, est: Estimate, choice, 
                                 "mean_occupancy": b["queue_mean_occupancy"][q],
                                 "max_occupancy": b["queue_max_occupancy"][q]})
         d["pipeline"] = {"row_blocks": plan.row_blocks, "slabs": plan.slabs,
+                         # 256-thread teams per CTA the harness runs (cost.pipeline.solo_team_fits)
+                         "teams_per_sm": b["teams_per_sm"],
                          "fill_s": b["fill_s"], "drain_s": b["drain_s"], "period_s": b["period_s"],
                          "bottleneck_stage": b["bottleneck_stage"],
                          "queue_bytes": b["queue_bytes"], "queue_spill_bytes": b["queue_spill_bytes"],
@@ -136,7 +138,9 @@ def choice_from_region(rd: dict) -> PipelineChoice:
     slabs = int(tile.get("slabs", 1)) or 1
     depths = tuple(max(1, int(q["depth"]) // slabs) for q in rd.get("queues", []))
     modes = tuple(q.get("mode", "row") for q in rd.get("queues", []))
-    return PipelineChoice(stages, sms, int(tile.get("rows", 128)), depths, modes)
+    teams = (rd.get("pipeline") or {}).get("teams_per_sm")     # what the harness will run
+    return PipelineChoice(stages, sms, int(tile.get("rows", 128)), depths, modes,
+                          None if teams is None else int(teams))
 
 
 def evaluate_plan(plan: dict, graph: Graph, spec: HwSpec, where: str = "plan") -> dict:

@@ -62,7 +62,10 @@ The persistent pipeline kernel (codegen.pipeline_source)
   run the host checks that all CTAs ran on distinct SMs and that stages are disjoint.
   Teams: a CTA has two teams of 256 threads (8 warps), each with its own named barrier and half
   of the shared memory; a team is one worker. (Two tiles in flight per SM match what two CTAs per
-  SM give the standalone kernels; measured in NOTES.md.) Worker c of a stage of C CTAs is team
+  SM give the standalone kernels; measured in NOTES.md.) One team where every step's items over
+  all its row-blocks fit its stage's CTAs (lower.solo_team_fits; the plan's pipeline.teams_per_sm
+  names the count the cost model priced; KDSE_SOLO_TEAM=0 forces two): the second team would
+  only idle, and 256 threads may hold 255 registers each, so ptxas spills nothing. Worker c of a stage of C CTAs is team
   c // C of its CTA c % C: consecutive workers sit on distinct SMs, so a stage with fewer items
   than SMs runs each alone on its SM (the teams of one SM are workers c and c + C).
   Streaming: tensors stream by row-blocks of BM rows (tile.rows: 64 or 128). A step (a fusion

@@ -674,16 +674,27 @@ def _tile_rows(stage_tiles: list[dict], rows: int, notes: list[str]) -> int:
 
 def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False,
                     teams: int | None = None, trace: bool = False) -> PipelineLayout:
-    """The persistent kernel's layout. teams None: TEAMS; with KDSE_SOLO_TEAM=1, one 256-thread
-    team per CTA where no step has more items over all its row-blocks than its stage has CTAs
+    """The persistent kernel's layout. teams None: the plan's `pipeline.teams_per_sm` where it
+    names one (the count the cost model priced), else TEAMS, or one 256-thread team per CTA
+    where no step has more items over all its row-blocks than its stage has CTAs
     (`solo_team_fits`: the second team would only idle, and with 256 threads a thread may hold
     255 registers instead of 128, so ptxas spills nothing; bench/step_trace_probe.py --teams:
-    1-10% faster there, up to 43% slower where items outnumber the CTAs). Off by default: the
-    cost model does not price a lone team's gain yet (results/validation/h100/one_team_trial/)."""
+    1-10% faster there, up to 43% slower where items outnumber the CTAs; cost.pipeline
+    .solo_team_fits is the model's copy of the rule). KDSE_SOLO_TEAM=0: never one team, the
+    plan's count and the rule both overridden (for probes)."""
+    if teams is None and os.environ.get("KDSE_SOLO_TEAM", "1") == "0":
+        teams = TEAMS
+    if teams is None:
+        named = (plan_region.get("pipeline") or {}).get("teams_per_sm")
+        if named is not None:
+            if named not in (1, TEAMS):
+                raise KitsuneError(f"region {reg.rid}: pipeline.teams_per_sm is {named!r}; the "
+                                   f"harness runs 1 or {TEAMS} teams per CTA")
+            teams = int(named)
     if teams is not None:
         return _layout_pipeline(reg, plan_region, plant_deadlock, teams, trace)
     lay = _layout_pipeline(reg, plan_region, plant_deadlock, TEAMS, trace)
-    if os.environ.get("KDSE_SOLO_TEAM") == "1" and solo_team_fits(lay):
+    if solo_team_fits(lay):
         return _layout_pipeline(reg, plan_region, plant_deadlock, 1, trace)
     return lay
 
