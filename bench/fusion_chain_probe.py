@@ -1,8 +1,9 @@
 """A fusion plan's kernels in context: the first k kernels of a plan's fusion region (k = 1 .. all)
 as one CUDA graph on cold L2, and each kernel alone, so that the increments give every kernel's
 time where the one before it left its output in L2 (what the suite's fusion-graph runs), beside
-the model's (cost.strategies.fusion of the same ops). dlrm's fusion pick is priced 3% under its
-measurement while its pipelines are within 1.5%: which kernel is it?
+the model's (cost.strategies.fusion of the same ops). Written when dlrm's fusion pick was priced
+3% under the suite's measurement while its pipelines were within 1.5%. The answer was the suite's
+measurement state, not a kernel (--calls; results/validation/h100/fusion_chain_probe/).
 
     here:    python bench/fusion_chain_probe.py --precompile [--plan FILE]
     device:  python3 bench/fusion_chain_probe.py --out $OUT [--runs 30] [--plan FILE]
