@@ -112,18 +112,27 @@ def test_the_committed_harness_spec_carries_the_standalone_gemm_fit():
     assert sp.gemm_k_tile == 64 and sp.efficiency.gemm_read_overlap_exponent > 1
 
 
-def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():
-    from kitsune_dse.calibrate.fit import fit_persistent_gemm, persistent_gemm_time
-    base = load_spec("h100-sxm")
-    truth = base.model_copy(update={
+# one-stage GEMMs of every regime (SM sweep, short and long K, weight streams, narrow N)
+PERSISTENT_GEMM_CASES = [((4096, 4096, 4096), s) for s in (8, 33, 66, 132)] + [
+    ((16384, 1024, 256), 132), ((65536, 128, 1024), 132), ((64, 49152, 12288), 132),
+    ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132),
+    ((65536, 128, 256), 132), ((65536, 128, 4096), 132)]
+
+
+def _persistent_truth(base, **efficiency):
+    """A spec of planted persistent GEMM constants for the fit to recover."""
+    return base.model_copy(update={
         "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9, "persistent_a_stream_fill_s": 5e-6,
         "efficiency": base.efficiency.model_copy(update={
             "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7,
-            "persistent_a_stream_share": 0.45})})
-    cases = [((4096, 4096, 4096), s) for s in (8, 33, 66, 132)] + [
-        ((16384, 1024, 256), 132), ((65536, 128, 1024), 132), ((64, 49152, 12288), 132),
-        ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132),
-        ((65536, 128, 256), 132), ((65536, 128, 4096), 132), ((262144, 8, 256), 132)]
+            "persistent_a_stream_share": 0.45, **efficiency})})
+
+
+def test_persistent_gemm_fit_recovers_the_constants_it_was_made_from():
+    from kitsune_dse.calibrate.fit import fit_persistent_gemm, persistent_gemm_time
+    base = load_spec("h100-sxm")
+    truth = _persistent_truth(base)
+    cases = PERSISTENT_GEMM_CASES + [((262144, 8, 256), 132)]
     rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s)} for d, s in cases]
     fit = fit_persistent_gemm(base, rows)
     assert fit["rms_rel_error"] < 2e-3
@@ -139,18 +148,11 @@ def test_persistent_gemm_fit_recovers_the_one_team_share():
     # persistent_solo_team of the two-team rate); a fit on rows with none keeps no such share
     from kitsune_dse.calibrate.fit import fit_persistent_gemm, one_stage_teams, persistent_gemm_time
     base = load_spec("h100-sxm")
-    truth = base.model_copy(update={
-        "gemm_tile_fixed_s": 3e-6, "persistent_gemm_sm_stream_Bps": 25e9, "persistent_a_stream_fill_s": 5e-6,
-        "efficiency": base.efficiency.model_copy(update={
-            "persistent_tensor_core": 0.4, "mem_compute_overlap": 0.3, "persistent_gemm_hbm": 0.7,
-            "persistent_a_stream_share": 0.45, "persistent_lone_team": 0.75, "persistent_solo_team": 0.95})})
+    truth = _persistent_truth(base, persistent_lone_team=0.75, persistent_solo_team=0.95)
     solo = [((1024, 2048, 4096), 132), ((2048, 1024, 4096), 132), ((1024, 1024, 8192), 66),
             ((512, 4096, 2048), 132)]
     assert all(one_stage_teams(truth, "matmul", d, s) == 1 for d, s in solo)
-    cases = [((4096, 4096, 4096), s) for s in (8, 33, 66, 132)] + [
-        ((16384, 1024, 256), 132), ((65536, 128, 1024), 132), ((64, 49152, 12288), 132),
-        ((64, 49152, 12288), 33), ((2048, 6144, 12288), 66), ((262144, 256, 256), 132),
-        ((65536, 128, 256), 132), ((65536, 128, 4096), 132), ((4096, 1024, 4096), 132)]
+    cases = PERSISTENT_GEMM_CASES + [((4096, 1024, 4096), 132)]
     assert all(one_stage_teams(truth, "matmul", d, s) == 2 for d, s in cases)
     rows = [{"dims": d, "sms": s, "time_s": persistent_gemm_time(truth, *d, s)} for d, s in cases + solo]
     fit = fit_persistent_gemm(base, rows)

@@ -337,7 +337,7 @@ def stage_works(region: Region, spec: HwSpec, plan: StagePlan, sms=None):
     teams = plan.choice.teams
     solo = teams == 1 if teams is not None else solo_team_fits(core, sms)
     if solo:
-        core_works = _as_solo(core_works, True)
+        core_works = [_teams_of(ws, True) for ws in core_works]
     # the read total is summed in the order the groups were costed, re-reads at their place
     tot_r = reread = 0.0
     for x in core.read_terms:
@@ -396,8 +396,9 @@ def solo_team_fits(core: "_StageWorks", sms) -> bool:
     return all(solo_stage_fits(core, j, int(s)) for j, s in enumerate(sms))
 
 
-def _as_solo(works, solo: bool):
-    return tuple(tuple(w.but(solo_team=solo) if w.solo_team != solo else w for w in ws) for ws in works)
+def _teams_of(works, solo: bool) -> list:
+    """A stage's works priced as steps of a one-team (solo) or a two-team kernel."""
+    return [w.but(solo_team=solo) if w.solo_team != solo else w for w in works]
 
 
 def _l2_evictions(core, spec: HwSpec, sms) -> tuple[float, float]:
@@ -1249,8 +1250,7 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
     tab[:, 0] = np.inf
     solo_priced = spec.efficiency.persistent_solo_team is not None
     for j, (w, sh, sk) in enumerate(zip(works, totals["stage_shapes"], totals["stage_splitk"])):
-        (two,) = _as_solo([w], False)
-        tab[j, 1:] = _stage_time(list(two), sh, sk, spec, axis)
+        tab[j, 1:] = _stage_time(_teams_of(w, False), sh, sk, spec, axis)
         if plan.choice.teams is not None:       # the plan names the count
             fits = np.full(S, plan.choice.teams == 1)
         else:
@@ -1258,8 +1258,7 @@ def stage_tables(region: Region, spec: HwSpec, plan: StagePlan):
         if fits.any():
             # each stage by its own SM count: exact where every stage allows one team (the
             # allocations that matter: the rule is all stages' at once, cost.pipeline re-times)
-            (one,) = _as_solo([w], True)
-            tab[j, 1:][fits] = _stage_time(list(one), sh, sk, spec, axis[fits])
+            tab[j, 1:][fits] = _stage_time(_teams_of(w, True), sh, sk, spec, axis[fits])
     srv = np.ones((len(works), S + 1), dtype=np.int64)
     units = plan.row_blocks * plan.slabs
     for j, cap in enumerate(totals["stage_inflight"]):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import datetime as _dt
+import functools
 import json
 import math
 import os
@@ -84,9 +85,7 @@ def check_variant(v, reg, tensors, roles, stream, checks: int = 2) -> dict:
     return worst
 
 
-_CONTEXT: list = []
-
-
+@functools.lru_cache(maxsize=None)
 def _timing_context():
     """One stream and one L2 flush buffer for every validate_plan call of the process, so that
     each plan is timed in the same state whatever was validated before it (dlrm's fusion chain
@@ -95,9 +94,7 @@ def _timing_context():
     import cupy as cp
 
     from kitsune_dse.validate.measure import L2Flusher
-    if not _CONTEXT:
-        _CONTEXT.extend([cp.cuda.Stream(non_blocking=True), L2Flusher()])
-    return _CONTEXT[0], _CONTEXT[1]
+    return cp.cuda.Stream(non_blocking=True), L2Flusher()
 
 
 def validate_plan(plan_or_path, out_dir: str | Path | None = None, runs: int = 30, warmup: int = 3,

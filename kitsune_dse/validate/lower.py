@@ -685,18 +685,20 @@ def layout_pipeline(reg: Region, plan_region: dict, plant_deadlock: bool = False
     if teams is None and os.environ.get("KDSE_SOLO_TEAM", "1") == "0":
         teams = TEAMS
     if teams is None:
-        named = (plan_region.get("pipeline") or {}).get("teams_per_sm")
-        if named is not None:
-            if named not in (1, TEAMS):
-                raise KitsuneError(f"region {reg.rid}: pipeline.teams_per_sm is {named!r}; the "
-                                   f"harness runs 1 or {TEAMS} teams per CTA")
-            teams = int(named)
-    if teams is not None:
-        return _layout_pipeline(reg, plan_region, plant_deadlock, teams, trace)
-    lay = _layout_pipeline(reg, plan_region, plant_deadlock, TEAMS, trace)
-    if solo_team_fits(lay):
-        return _layout_pipeline(reg, plan_region, plant_deadlock, 1, trace)
-    return lay
+        teams = _named_teams(reg, plan_region)
+    if teams is None:
+        lay = _layout_pipeline(reg, plan_region, plant_deadlock, TEAMS, trace)
+        return _layout_pipeline(reg, plan_region, plant_deadlock, 1, trace) if solo_team_fits(lay) else lay
+    return _layout_pipeline(reg, plan_region, plant_deadlock, teams, trace)
+
+
+def _named_teams(reg: Region, plan_region: dict) -> int | None:
+    """The plan's pipeline.teams_per_sm, checked, or None where it names none."""
+    named = (plan_region.get("pipeline") or {}).get("teams_per_sm")
+    if named is not None and named not in (1, TEAMS):
+        raise KitsuneError(f"region {reg.rid}: pipeline.teams_per_sm is {named!r}; the "
+                           f"harness runs 1 or {TEAMS} teams per CTA")
+    return None if named is None else int(named)
 
 
 def solo_team_fits(lay: PipelineLayout) -> bool:
