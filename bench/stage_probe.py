@@ -42,17 +42,20 @@ def stage_regions(path: str):
 
 
 def stage_cases(specs: list[str]):
-    """--stage MODEL:OP+OP+...@SMS/rROWS: one-stage kernels of any ops of a model (a stage's
+    """--stage MODEL:OP+OP+...@SMS/rROWS[/tTEAMS]: one-stage kernels of any ops of a model (a stage's
     steps cut apart), as stage_regions yields them (the plan path is 'model:MODEL')."""
     from kitsune_dse.graph import load_model
     for j, spec in enumerate(specs):
         model, _, rest = spec.rpartition(":")
         ops, _, rest = rest.partition("@")
         sms, _, rows = rest.partition("/r")
+        rows, _, teams = rows.partition("/t")
         graph = load_model(model, {})
         one = {"id": 0, "strategy": "pipeline", "ops": ops.split("+"),
                "stages": [{"id": 0, "ops": ops.split("+"), "sms": int(sms), "ctas": int(sms),
                            "tile": {"rows": int(rows or 128), "cols": 128}}], "queues": []}
+        if teams:       # the teams per SM the kernel runs (default: the harness's rule)
+            one["pipeline"] = {"teams_per_sm": int(teams)}
         yield f"model:{model}", 0, j, graph, one
 
 
@@ -94,7 +97,8 @@ def measure(paths, out: Path, runs: int) -> None:
     with stream:
         for path, i, j, one, reg, v in variants(paths, info):
             row = {"plan": path, "region": i, "stage": j, "ops": one["ops"],
-                   "sms": one["stages"][0]["sms"], "tile_rows": one["stages"][0]["tile"]["rows"]}
+                   "sms": one["stages"][0]["sms"], "tile_rows": one["stages"][0]["tile"]["rows"],
+                   "teams": one.get("pipeline", {}).get("teams_per_sm")}
             try:
                 v.prepare()
                 chk = check_variant(v, reg, v.tensors, input_roles(reg), stream, 1)
@@ -131,11 +135,12 @@ def predict(path: Path, spec_path: str) -> None:
             graphs[r["plan"]] = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
         g = graphs[r["plan"]]
         ops = tuple(r["ops"])
-        pred = pipeline(Region.of(g, ops), spec, PipelineChoice((ops,), (r["sms"],), r["tile_rows"])).latency_s
+        pred = pipeline(Region.of(g, ops), spec, PipelineChoice((ops,), (r["sms"],), r["tile_rows"],
+                                                                 teams=r.get("teams"))).latency_s
         meas = r.get("time_s")
         err = f"{(pred / meas - 1) * 100:+6.1f}%" if meas else r.get("error", "")
         print(f"{Path(r['plan']).parent.parent.name}/{Path(r['plan']).stem:24s} r{r['region']} s{r['stage']} "
-              f"{'+'.join(r['ops'])[:44]:44s} {r['sms']:4d} SMs r{r['tile_rows']:<5d} "
+              f"{'+'.join(r['ops'])[:44]:44s} {r['sms']:4d} SMs r{r['tile_rows']:<5d} t{r.get('teams') or '-'} "
               f"meas {meas * 1e6 if meas else float('nan'):9.1f} us pred {pred * 1e6:9.1f} {err}")
 
 
