@@ -148,6 +148,14 @@ PIPE_DIAG = [
     ("gemm quiet chip short K", "matmul", (1024, 1024, 256), 16, True),
     ("gemm quiet chip short K", "matmul", (16384, 1024, 256), 33, True),
     ("gemm quiet chip short K", "matmul", (8192, 1024, 128), 16, True),
+    # one column tile of short K (two and four slabs: every item's loads exposed) over the SM
+    # count: how the tile's fixed cost rises as the chip fills (gemm_tile_fixed_load_exponent)
+    ("gemm one column short K", "matmul", (131072, 128, 128), 33, True),
+    ("gemm one column short K", "matmul", (131072, 128, 128), 66, True),
+    ("gemm one column short K", "matmul", (131072, 128, 128), 99, True),
+    ("gemm one column short K", "matmul", (131072, 128, 128), 132, True),
+    ("gemm one column short K", "matmul", (131072, 128, 256), 66, True),
+    ("gemm one column short K", "matmul", (131072, 128, 256), 132, True),
     # dependent GEMMs in one stage, every row-block in flight (2048-row plan tiles): each step
     # of a row-block waits for the step before it (the hand-off between a stage's steps)
     ("gemm chain one stage", "chain", (2048, 1024, 1), 132, True, 2048),
@@ -231,6 +239,8 @@ PIPE_DIAG = [
     ("gemm narrow N", "mmbias", (131072, 128, 512), 132, True),
     ("gemm narrow N", "matmul", (131072, 8, 256), 66, True),
     ("gemm narrow N", "matmul", (131072, 128, 256), 66, True),
+    ("gemm narrow N", "mmbias", (131072, 8, 128), 132, True),
+    ("gemm narrow N", "mmbias", (131072, 128, 128), 132, True),
 ]
 STANDALONE_DIAG = [("fixed cost add 128x1024", "fp16", "add", (128, 1024))]
 
@@ -812,6 +822,7 @@ def fit(raw_paths: list[Path], base: str = "h100-sxm", outdir: Path = ROOT / "hw
             pf = fit_persistent_gemm(spec_from_dict(data, name), gemm_rows)
             data["gemm_tile_fixed_s"] = pf["tile_fixed_s"]
             data["gemm_tile_fixed_idle_s"] = pf["tile_fixed_idle_s"]
+            data["gemm_tile_fixed_load_exponent"] = pf["tile_fixed_load_exponent"]
             data["efficiency"]["persistent_lone_team"] = pf["persistent_lone_team"]
             if pf["persistent_solo_team"] is not None:
                 data["efficiency"]["persistent_solo_team"] = pf["persistent_solo_team"]

@@ -507,9 +507,10 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
                                                        rows=r.get("tile_rows", 128))) == 1]
 
     def with_params(x):
-        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo = (float(v) for v in x)
+        eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo, load_q = (float(v) for v in x)
         return spec.model_copy(update={
-            "gemm_tile_fixed_s": tile_us * 1e-6, "gemm_tile_fixed_idle_s": idle_us * 1e-6, "persistent_gemm_sm_stream_Bps": stream_GBps * 1e9,
+            "gemm_tile_fixed_s": tile_us * 1e-6, "gemm_tile_fixed_idle_s": idle_us * 1e-6,
+            "gemm_tile_fixed_load_exponent": load_q, "persistent_gemm_sm_stream_Bps": stream_GBps * 1e9,
             "persistent_gemm_l2_Bps": feed_TBps * 1e12, "persistent_a_stream_fill_s": fill_us * 1e-6,
             "efficiency": spec.efficiency.model_copy(update={
                 "persistent_tensor_core": eff, "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
@@ -534,14 +535,15 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
     # stopped in a minimum of rms 5.3% with the A stream's share at 0.76, pricing 65536 x 128 x
     # 1024 on 132 SMs 14% under; from 0.85: rms 4.7%, that case within 1%)
     fit = min((least_squares(resid, [spec.efficiency.tensor_core, 2.0, spec.hbm_per_sm_bandwidth_Bps / 1e9,
-                                     ov, 0.95 * hbm_max, f * l2_TBps, 2.0, 0.7, 0.6, 8.0, 4.0, 0.9],
-                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5, 0.0, 0.5, 0.2, 0.0, 1.0, 0.5],
-                                     [1.0, 50.0, 500.0, 1.0, hbm_max, 50.0, 50.0, 1.0, 1.0, 50.0, 64.0, 1.0]),
-                             diff_step=1e-3, max_nfev=150) for f in (0.6, 0.8, 1.0) for ov in (0.5, 0.85)),
+                                     ov, 0.95 * hbm_max, f * l2_TBps, 2.0, 0.7, 0.6, 8.0, 4.0, 0.9, q0],
+                             bounds=([0.05, 0.0, 1.0, 0.0, 0.2, 0.5, 0.0, 0.5, 0.2, 0.0, 1.0, 0.5, 0.25],
+                                     [1.0, 50.0, 500.0, 1.0, hbm_max, 50.0, 50.0, 1.0, 1.0, 50.0, 64.0, 1.0, 8.0]),
+                             diff_step=1e-3, max_nfev=150) for f in (0.6, 0.8, 1.0) for ov in (0.5, 0.85)
+                 for q0 in (1.0, 3.0)),
               key=lambda r: r.cost)
     rel = resid(fit.x)
-    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo = (float(v) for v in fit.x)
-    return {"persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
+    eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo, load_q = (float(v) for v in fit.x)
+    return {"tile_fixed_load_exponent": load_q, "persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
             "tile_fixed_s": tile_us * 1e-6, "tile_fixed_idle_s": idle_us * 1e-6,
             "persistent_lone_team": lone, "persistent_solo_team": solo if solo_rows else None,
             "solo_team_cases": len(solo_rows), "sm_stream_Bps": stream_GBps * 1e9,

@@ -576,7 +576,11 @@ def _loaded_tile_fixed(work: KernelWork, spec: HwSpec, used):
     that grow with the traffic of the SMs loading at once), between the quiet chip's and the
     full chip's by the share of the chip's SMs in use: a one-stage kernel's own, a multi-stage
     pipeline's GEMM stages' (chip_load). Harness version 5's probes: 1.5 us on a full chip,
-    1.2 on a quiet one (version 3's 4.3 and 0.9 held the runtime's visits of every row-block)."""
+    1.2 on a quiet one (version 3's 4.3 and 0.9 held the runtime's visits of every row-block).
+    It rises with the share to a power (gemm_tile_fixed_load_exponent, None: linear): latencies
+    that queue climb steeply only as the chip fills (one column of 131072 x 128 x 128: a team's
+    item 6.1, 6.4, 7.5, 8.4 us on 33, 66, 99, 132 SMs; calibration label 'gemm one column
+    short K')."""
     full = spec.gemm_tile_fixed_s
     idle = spec.gemm_tile_fixed_idle_s
     if idle is None or used is None:
@@ -585,7 +589,8 @@ def _loaded_tile_fixed(work: KernelWork, spec: HwSpec, used):
         share = min(1.0, work.chip_load)
     else:
         share = np.minimum(1.0, np.maximum(used, work.feed_sms) / spec.sm_count)
-    out = idle + (full - idle) * share
+    q = spec.gemm_tile_fixed_load_exponent
+    out = idle + (full - idle) * (share if q is None else share ** q)
     return float(out) if np.ndim(out) == 0 else out
 
 

@@ -221,6 +221,9 @@ class HwSpec(_Strict):
                                                 # the same on a quiet chip (few SMs loading):
                                                 # interpolated by the share of SMs in use
                                                 # (default gemm_tile_fixed_s at any load)
+    gemm_tile_fixed_load_exponent: Annotated[float, Field(gt=0, allow_inf_nan=False)] | None = None
+                                                # how the fixed cost rises with that share:
+                                                # share ** exponent (None: 1, linear)
     persistent_a_stream_fill_s: Annotated[float, Field(ge=0, allow_inf_nan=False)] = 0.0
                                                 # the A stream floor's fill and drain (roofline
                                                 # ._a_stream_floor)
