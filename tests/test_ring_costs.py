@@ -13,7 +13,7 @@ from kitsune_dse.calibrate.fit import (fit_concat_stream, fit_ring_handoff, fit_
                                        fit_transcendental, one_stage_time, ring_pair_time)
 from kitsune_dse.cost.pipeline import PipelineChoice, dram_floor_s, pipeline, plan_stages
 from kitsune_dse.cost.region import Region
-from kitsune_dse.cost.roofline import simt_flops
+from kitsune_dse.cost.roofline import KernelWork, _loaded_tile_fixed, simt_flops
 from kitsune_dse.hw import load_spec
 from kitsune_dse.validate.microbench import case_model
 
@@ -290,11 +290,14 @@ def test_fit_standalone_narrow_tile_recovers_the_truth_from_increments():
         fit_standalone_narrow_tile(CAL, [r for r in rows if r["dims"][1] == 128])
 
 
+# a persistent GEMM step of 264 128x128 tiles, two teams per SM (its load share from `used`)
+_PERSISTENT_TILE = KernelWork("g", "fp16", 1e9, 0.0, 0.0, 0.0, 0.0, 264, 2, (128, 128), 1, 1, True)
+
+
 def test_a_tiles_fixed_cost_rises_with_the_load_by_its_exponent():
     # idle 1 us, full chip 3 us: at half the chip loading, linear gives 2 us, exponent 2 gives
     # 1 + 2 x 0.5^2 = 1.5 us; a full chip gives 3 us whatever the exponent
-    from kitsune_dse.cost.roofline import KernelWork, _loaded_tile_fixed
-    w = KernelWork("g", "fp16", 1e9, 0.0, 0.0, 0.0, 0.0, 264, 2, (128, 128), 1, 1, True)
+    w = _PERSISTENT_TILE
     base = CAL.model_copy(update={"gemm_tile_fixed_s": 3e-6, "gemm_tile_fixed_idle_s": 1e-6,
                                   "gemm_tile_fixed_load_exponent": None})
     sq = base.model_copy(update={"gemm_tile_fixed_load_exponent": 2.0})
@@ -307,8 +310,7 @@ def test_a_tiles_fixed_cost_rises_with_the_load_by_its_exponent():
 @settings(max_examples=25, deadline=None)
 @given(q=st.floats(0.25, 8.0), s1=st.integers(1, 131), ds=st.integers(1, 131))
 def test_a_tiles_fixed_cost_never_falls_as_more_sms_load(q, s1, ds):
-    from kitsune_dse.cost.roofline import KernelWork, _loaded_tile_fixed
-    w = KernelWork("g", "fp16", 1e9, 0.0, 0.0, 0.0, 0.0, 264, 2, (128, 128), 1, 1, True)
+    w = _PERSISTENT_TILE
     sp = CAL.model_copy(update={"gemm_tile_fixed_load_exponent": q})
     s2 = min(CAL.sm_count, s1 + ds)
     assert _loaded_tile_fixed(w, sp, float(s2)) >= _loaded_tile_fixed(w, sp, float(s1)) - 1e-18

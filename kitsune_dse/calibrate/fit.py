@@ -543,8 +543,9 @@ def fit_persistent_gemm(spec: HwSpec, rows: list[dict]) -> dict:
               key=lambda r: r.cost)
     rel = resid(fit.x)
     eff, tile_us, stream_GBps, overlap, hbm, feed_TBps, idle_us, lone, a_share, fill_us, feed_p, solo, load_q = (float(v) for v in fit.x)
-    return {"tile_fixed_load_exponent": load_q, "persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
+    return {"persistent_tensor_core": eff, "sm_rate_flop_per_s": eff * peak / spec.sm_count,
             "tile_fixed_s": tile_us * 1e-6, "tile_fixed_idle_s": idle_us * 1e-6,
+            "tile_fixed_load_exponent": load_q,
             "persistent_lone_team": lone, "persistent_solo_team": solo if solo_rows else None,
             "solo_team_cases": len(solo_rows), "sm_stream_Bps": stream_GBps * 1e9,
             "mem_compute_overlap": overlap, "persistent_gemm_hbm": hbm,
