@@ -50,6 +50,7 @@ SUITE = ROOT / "bench/suite"
 SPEC = ROOT / "hw_specs/h100-sxm.calibrated.yaml"
 SPEC_CUBLAS = ROOT / "hw_specs/h100-sxm-cublas.calibrated.yaml"
 RESULTS = ROOT / "results/validation/h100/suite"
+ADDRESS_SETS = 5     # tensor placements a plan's end-to-end time is taken over (validate.e2e)
 BASELINES = ["bsp-eager", "bsp-graph", "fusion", "fusion-graph", "cublas", "cublas-graph"]
 
 # name, zoo model, sizes, what the explorer's models say should happen
@@ -304,10 +305,32 @@ def precompile(arch: str = "sm_90", sms: int = 132) -> None:
                 print(r[:600], flush=True)
 
 
+def _workload(manifest: dict, name: str) -> dict:
+    return next(w for w in manifest["workloads"] if w["name"] == name)
+
+
+def _last_plan(manifest: dict, name: str) -> str:
+    """The file of a workload's last job (after which its plans run end to end)."""
+    return [f for w, f, _ in _jobs(manifest) if w == name][-1]
+
+
+def _report(rs: list[dict], wname: str, t0: float) -> list[dict]:
+    """The rows, named by workload, each printed as it is."""
+    for r in rs:
+        r["plan"] = f"{wname}/{r['plan']}"
+        ok = "ok" if r.get("correct") else "NOT CORRECT"
+        lat = r.get("measured_latency_s")
+        print(f"[{time.time() - t0:6.1f} s] {r['plan']} r{r['region']} {r['variant']}: "
+              + (f"{lat * 1e6:.1f} us (pred {r.get('predicted_latency_s') and r['predicted_latency_s'] * 1e6 or 0:.1f}) {ok}"
+                 if isinstance(lat, float) else f"ERROR {r.get('error')}"), flush=True)
+    return rs
+
+
 def run(out: Path, runs: int, only: str = "") -> None:
     import cupy as cp
 
-    from kitsune_dse.validate.harness import env_summary, validate_plan, validate_plan_e2e, write_csv
+    from kitsune_dse.validate.e2e import validate_plans_e2e
+    from kitsune_dse.validate.harness import env_summary, validate_plan, write_csv
     out.mkdir(parents=True, exist_ok=True)
     manifest = json.loads((SUITE / "manifest.json").read_text())
     env = env_summary()
@@ -327,22 +350,21 @@ def run(out: Path, runs: int, only: str = "") -> None:
         except Exception as e:  # noqa: BLE001
             rs = [{"plan": Path(f).stem, "region": "-", "variant": "all", "correct": False,
                    "error": f"{type(e).__name__}: {e}"}]
-        if not whole and len(json.loads((ROOT / f).read_text())["regions"]) > 1:
-            try:   # the regions back to back on shared tensors: the plan's end-to-end time
-                rs.append(validate_plan_e2e(ROOT / f, runs=runs, warmup=3, checks=2, command=env["command"]))
-            except Exception as e:  # noqa: BLE001
-                rs.append({"plan": Path(f).stem, "region": "all", "variant": "plan-e2e", "correct": False,
-                           "error": f"{type(e).__name__}: {e}"})
-        for r in rs:
-            r["plan"] = f"{wname}/{r['plan']}"
-            ok = "ok" if r.get("correct") else "NOT CORRECT"
-            lat = r.get("measured_latency_s")
-            print(f"[{time.time() - t0:6.1f} s] {r['plan']} r{r['region']} {r['variant']}: "
-                  + (f"{lat * 1e6:.1f} us (pred {r.get('predicted_latency_s') and r['predicted_latency_s'] * 1e6 or 0:.1f}) {ok}"
-                     if isinstance(lat, float) else f"ERROR {r.get('error')}"), flush=True)
-        rows += rs
+        rows += _report(rs, wname, t0)
         write_csv(rows, out / "validation.csv")
         cp.get_default_memory_pool().free_all_blocks()
+        if f == _last_plan(manifest, wname):
+            # the workload's plans end to end (one-region plans too, so that its alternatives
+            # are all timed alike), taking turns over ADDRESS_SETS placements of their tensors
+            files = [p["file"] for p in _workload(manifest, wname)["plans"] if not p.get("rejected")]
+            try:
+                rs = validate_plans_e2e([ROOT / x for x in files], runs=runs, warmup=3, checks=2,
+                                        command=env["command"], address_sets=ADDRESS_SETS)
+            except Exception as e:  # noqa: BLE001
+                rs = [{"plan": Path(x).stem, "region": "all", "variant": "plan-e2e", "correct": False,
+                       "error": f"{type(e).__name__}: {e}"} for x in files]
+            rows += _report(rs, wname, t0)
+            write_csv(rows, out / "validation.csv")
     bad = [r for r in rows if not r.get("correct")]
     from kitsune_dse.validate.runtime import MODULES_BY_COMPILER, kernel_compiler_note
     env["kernel_modules"] = dict(MODULES_BY_COMPILER)      # (which compiler built what ran)

@@ -234,3 +234,17 @@ def test_a_plans_time_does_not_depend_on_the_calls_before_it():
         if f == "explorer-1":
             times.append(float(row["measured_latency_s"]))
     assert max(times) / min(times) < 1.01, [round(t * 1e6, 2) for t in times]
+
+
+@gpu
+@needs_gpu
+def test_e2e_over_address_sets_is_checked_and_timed():
+    """A multi-region plan end to end over three tensor placements: correct, every run counted,
+    the placements' spread in the notes."""
+    from kitsune_dse.validate.e2e import validate_plan_e2e
+    path = Path(__file__).resolve().parents[1] / "bench/suite/dlrm-top-mlp/plans/explorer-3.json"
+    plan = {**json.loads(path.read_text()), "_source": str(path)}
+    row = validate_plan_e2e(_device_plan(plan), runs=15, warmup=1, checks=1, address_sets=3)
+    assert row["correct"], row
+    assert row["runs"] == 15 and row["measured_latency_s"] > 0
+    assert "3 address sets" in row["notes"]

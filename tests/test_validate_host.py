@@ -748,3 +748,14 @@ def test_the_cost_model_prices_the_team_count_the_harness_runs():
                               "tile": {"rows": rows, "slabs": 1}}], "queues": []}
             lay = layout_pipeline(Region(g, pr), pr, teams=2)
             assert est.breakdown["teams_per_sm"] == (1 if solo_team_fits(lay) else 2), (sms, rows)
+
+
+def test_address_sets_lie_on_distinct_pages():
+    # each address set of an e2e measurement must put the tensors on other pages: distinct pads,
+    # whole 2-MiB pages, the first set where a single measurement puts them (no pad)
+    from kitsune_dse.validate.e2e import ADDRESS_SET_PAD, address_pad_bytes
+    pads = [address_pad_bytes(k) for k in range(12)]
+    assert pads[0] == 0
+    assert len(set(pads)) == len(pads)
+    assert all(p % ADDRESS_SET_PAD == 0 and 0 < p <= 97 * ADDRESS_SET_PAD for p in pads[1:])
+    assert address_pad_bytes(1) == 76 * ADDRESS_SET_PAD      # (7919 + 13) % 97 + 1 pages

@@ -15,8 +15,9 @@ Modules
                 allocate, launch the variants
   reference.py  fp32 reference on the GPU, error metrics, random inputs
   measure.py    CUDA-event timing, L2 flush
-  harness.py    validate_plan(): all regions x variants -> rows -> validation.csv + rich table;
-                validate_plan_e2e(): a plan's regions back to back (end-to-end time)
+  harness.py    validate_plan(): all regions x variants -> rows -> validation.csv + rich table
+  e2e.py        validate_plans_e2e(): plans' regions back to back (end-to-end time), over several
+                placements of their tensors, the alternatives of one model taking turns
   ncu.py        DRAM bytes per variant with Nsight Compute in range-replay mode (--ncu)
   microbench.py the tile kernels alone: GEMM TFLOP/s against cuBLAS, GB/s of the others
   cli_cmds.py   `kitsune-dse validate PLAN.json [--out DIR] [--runs N] [--retarget] [--ncu]`
@@ -105,8 +106,10 @@ Layouts, concat, batched GEMMs (lower.Region)
 Plan tiles of R > bm rows run as R/bm row-blocks: a plan queue of depth d becomes a ring of
   d x R/bm row-block slots (the plan's capacity); a ring between two steps of one stage gets
   max(2, R/bm) slots, at most 8 MiB (lower.INTRA_RING_BYTES).
-End to end (harness.validate_plan_e2e): a plan's regions back to back on shared tensors (one
-  stream, eager between regions, cold L2 at the start), checked against the whole graph.
+End to end (e2e.validate_plan_e2e): a plan's regions back to back on shared tensors (one
+  stream, eager between regions, cold L2 at the start), checked against the whole graph; with
+  address_sets > 1 its runs are shared among that many placements of its tensors (a pad of
+  another size before them): where they lie moves NeRF's MLP by up to 1.4% (bench/cut_probe.py).
 Stage timers: every worker of the persistent kernel records %globaltimer at its start and end;
   placement["stage_end_us"] is when each stage's last worker finished (after the kernel's first
   worker started). bsp-eager can record per-kernel CUDA-event times (kernel_times=True).
