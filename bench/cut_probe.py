@@ -97,35 +97,19 @@ def plan_files() -> list[Path]:
 
 
 def _build(path: Path, ncu: bool = False):
-    """(plan, [variant per region], shared tensors) of one plan, ready to run (ncu: no CUDA
-    graphs and no programmatic launches, which range replay refuses; the same kernels)."""
+    """(plan, [variant per region], shared tensors) of one plan, inputs filled, ready to run
+    (ncu: plain launches, which range replay takes)."""
     from kitsune_dse.graph import load_model
+    from kitsune_dse.validate.e2e import e2e_variants
     from kitsune_dse.validate.harness import _fill_inputs, load_plan, resolve_model_ref, whole_region
-    from kitsune_dse.validate.lower import Region
     from kitsune_dse.validate.reference import input_roles
-    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant, gpu_info, make_variants
+    from kitsune_dse.validate.runtime import gpu_info
     plan = load_plan(path)
     info, _ = gpu_info()
     graph = load_model(resolve_model_ref(plan), plan["model"].get("sizes") or {})
     whole = whole_region(graph)
-    store: dict = {}
-
-    class Shared(Tensors):
-        def get(self, t):
-            if t not in store:
-                store[t] = super().get(t)
-            return store[t]
-    vs = []
-    for region in plan["regions"]:
-        reg = Region(graph, region, layouts=whole)
-        v = make_variants(reg, region, Shared(reg), info, 1.0, ["plan"])[0]
-        if ncu and isinstance(v, TilesyncVariant):
-            v.programmatic = False
-        if ncu and isinstance(v, StandaloneVariant):
-            v.graph_mode = False
-        v.prepare()
-        vs.append(v)
-    _fill_inputs(whole, Shared(whole), input_roles(whole))
+    vs, store, inputs = e2e_variants(plan, graph, whole, info, plain_launches=ncu)
+    _fill_inputs(whole, inputs, input_roles(whole))
     return plan, vs, store
 
 
@@ -137,6 +121,7 @@ def placements(out: Path, runs: int, k: int, only: list[str]) -> None:
 
     from kitsune_dse.validate.e2e import address_pad_bytes
     from kitsune_dse.validate.harness import _timing_context
+    from kitsune_dse.validate.measure import time_runs
     stream, flush = _timing_context()
     rows = []
     for j in range(k):
@@ -147,21 +132,8 @@ def placements(out: Path, runs: int, k: int, only: list[str]) -> None:
             with stream:
                 pad = cp.empty(address_pad_bytes(j), dtype=cp.uint8)
                 plan, vs, store = _build(path)
-                start, end = cp.cuda.Event(), cp.cuda.Event()
-                t = []
-                for i in range(runs + 3):
-                    for v in vs:
-                        v.pre(True)
-                    flush(stream)
-                    start.record(stream)
-                    for v in vs:
-                        v.run(stream)
-                    end.record(stream)
-                    end.synchronize()
-                    for v in vs:
-                        v.after()
-                    if i >= 3:
-                        t.append(cp.cuda.get_elapsed_time(start, end) * 1e-3)
+                t = time_runs(lambda st: [v.run(st) for v in vs], lambda poison=True: [v.pre(poison) for v in vs],
+                              lambda: [v.after() for v in vs], stream, runs, 3, flush).samples_s
                 rows.append({"plan": name, "placement": j, "pad_bytes": pad.nbytes, "e2e_s": float(np.median(t))})
                 print(f"{name:22s} placement {j} e2e {np.median(t) * 1e6:8.1f} us", flush=True)
                 store.clear()

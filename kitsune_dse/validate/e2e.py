@@ -58,7 +58,7 @@ def validate_plans_e2e(plans, runs: int = 30, warmup: int = 3, timeout_s: float 
                 vs: list = []
                 store: dict = {}
                 try:
-                    vs, store, inputs = _e2e_variants(job.plan, job.graph, job.whole, job.info, timeout_s)
+                    vs, store, inputs = e2e_variants(job.plan, job.graph, job.whole, job.info, timeout_s)
                     job.notes += [n for v in vs for n in v.notes]
                     if k == 0:
                         job.worst = _e2e_checks(vs, job.whole, store, inputs, stream, checks)
@@ -124,11 +124,12 @@ class _E2eJob:
             self.row.update(correct=False, error="the whole graph has tensors the harness cannot hold")
 
 
-def _e2e_variants(plan, graph, whole, info, timeout_s):
+def e2e_variants(plan, graph, whole, info, timeout_s: float = 1.0, plain_launches: bool = False):
     """Each region's "plan" variant, prepared, on one store of shared tensors: (variants, the
-    store, the whole graph's tensors on it)."""
+    store, the whole graph's tensors on it). plain_launches: no CUDA graphs and no programmatic
+    launches (ncu's range replay refuses both; the same kernels and tiles)."""
     from kitsune_dse.validate.lower import Region
-    from kitsune_dse.validate.runtime import Tensors, make_variants
+    from kitsune_dse.validate.runtime import StandaloneVariant, Tensors, TilesyncVariant, make_variants
     store: dict = {}
 
     class Shared(Tensors):
@@ -140,6 +141,10 @@ def _e2e_variants(plan, graph, whole, info, timeout_s):
     for region in plan["regions"]:
         reg = Region(graph, region, layouts=whole)
         v = make_variants(reg, region, Shared(reg), info, timeout_s, ["plan"])[0]
+        if plain_launches and isinstance(v, TilesyncVariant):
+            v.programmatic = False
+        if plain_launches and isinstance(v, StandaloneVariant):
+            v.graph_mode = False
         v.prepare()
         vs.append(v)
     return vs, store, Shared(whole)
